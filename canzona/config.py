@@ -1,0 +1,222 @@
+"""Trial configuration: one structured schema for the planner CLI, the trial runner and sweeps.
+
+Overrides are Hydra-style ``key=value`` strings (``parallel.dp=8 canzona.alpha=0.5``) merged
+into a structured omegaconf config, so typos and wrong types become one-line `ConfigError`s
+that name the bad key or value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from canzona.inventory import ConfigError, ModelConfig, check_tp, model_config
+
+METHODS = ("canzona", "sync", "layerwise", "adamw")
+OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
+COSTS = ("numel", "flops", "measured")
+GROUPINGS = ("global", "slot", "single", "none")
+DP_COLLECTIVES = ("padded", "reduce_loop", "all_to_all")
+SYNC_VARIANTS = ("all_reduce", "zero1_gather")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class ModelSection:
+    name: str = "qwen3-0.6b"
+    width_div: int = 1
+    num_layers: int | None = None
+    split_fused: bool = False
+    matrix_embeddings: bool = False
+
+
+@dataclass
+class ParallelSection:
+    dp: int = 1
+    tp: int = 1
+
+
+@dataclass
+class CanzonaSection:
+    alpha: float = 1.0
+    cost: str = "flops"
+    grouping: str = "global"
+    # Micro-group capacity as a fraction of the TP group's total load (cost-model independent).
+    capacity: float = 0.05
+    pipeline_depth: int = 2
+    measured_profile: str | None = None
+
+
+@dataclass
+class OptimizerSection:
+    name: str = "muon"
+    lr: float = 0.02
+    weight_decay: float = 0.01
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+    ns_eps: float = 1e-7
+    # Newton-Schulz matmul dtype: float32 for parity tests, bfloat16 as torch.optim.Muon does.
+    ns_dtype: str = "float32"
+    lr_adjust: str = "original"
+    adamw_lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    precondition_frequency: int = 10
+    shampoo_eps: float = 1e-12
+
+
+@dataclass
+class BucketSection:
+    # Megatron's default is max(40M, 1M * dp) elements; None means that default.
+    size: int | None = None
+
+
+@dataclass
+class DistSection:
+    device: str = "auto"
+    dp_collective: str = "padded"
+    sync_variant: str = "all_reduce"
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
+    timeout_s: float = 300.0
+    threads_per_rank: int | None = None
+
+
+@dataclass
+class TrainSection:
+    steps: int = 5
+    warmup: int = 2
+    seed: int = 1234
+    micro_batch: int = 2
+    seq_len: int = 64
+    fail_on_rank: int | None = None  # test hook: this rank raises at step `fail_at_step`
+    fail_at_step: int = 0
+
+
+@dataclass
+class TrialConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    method: str = "canzona"
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    canzona: CanzonaSection = field(default_factory=CanzonaSection)
+    bucket: BucketSection = field(default_factory=BucketSection)
+    dist: DistSection = field(default_factory=DistSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    out: str | None = None
+    save_params: str | None = None
+
+    # ---- derived ----
+    def model_cfg(self) -> ModelConfig:
+        return model_config(self.model.name, self.model.width_div, self.model.num_layers)
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.dp * self.parallel.tp
+
+    def bucket_size(self) -> int:
+        return self.bucket.size if self.bucket.size is not None else max(40_000_000, 1_000_000 * self.parallel.dp)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Shorthands accepted on the command line for convenience: `model=qwen3-8b optimizer=soap`.
+_SHORTHANDS = {"model": "model.name", "optimizer": "optimizer.name"}
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+
+
+def validate(cfg: TrialConfig) -> TrialConfig:
+    """Check every value and the layout; raise ConfigError with a one-line message."""
+    _choice("method", cfg.method, METHODS)
+    _choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
+    _choice("canzona.cost", cfg.canzona.cost, COSTS)
+    _choice("canzona.grouping", cfg.canzona.grouping, GROUPINGS)
+    _choice("dist.dp_collective", cfg.dist.dp_collective, DP_COLLECTIVES)
+    _choice("dist.sync_variant", cfg.dist.sync_variant, SYNC_VARIANTS)
+    _choice("dist.device", cfg.dist.device, DEVICES)
+    if not 0.0 <= cfg.canzona.alpha <= 1.0:
+        raise ConfigError(f"canzona.alpha={cfg.canzona.alpha} must be in [0, 1]")
+    if not 0.0 < cfg.canzona.capacity <= 1.0:
+        raise ConfigError(f"canzona.capacity={cfg.canzona.capacity} must be a fraction in (0, 1]")
+    if cfg.canzona.pipeline_depth < 0:
+        raise ConfigError(f"canzona.pipeline_depth={cfg.canzona.pipeline_depth} must be >= 0")
+    if cfg.canzona.cost == "measured" and not cfg.canzona.measured_profile:
+        raise ConfigError("canzona.cost=measured needs canzona.measured_profile=PATH (from python -m canzona.calibrate)")
+    _choice("optimizer.ns_dtype", cfg.optimizer.ns_dtype, ("float32", "bfloat16"))
+    _choice("optimizer.lr_adjust", cfg.optimizer.lr_adjust, ("original", "match_rms_adamw", "none"))
+    if cfg.parallel.dp < 1:
+        raise ConfigError(f"parallel.dp={cfg.parallel.dp} must be a positive integer")
+    if cfg.bucket.size is not None and cfg.bucket.size < 1:
+        raise ConfigError(f"bucket.size={cfg.bucket.size} must be a positive number of elements")
+    if cfg.train.steps < 1 or cfg.train.warmup < 0:
+        raise ConfigError(f"train.steps={cfg.train.steps} must be >= 1 and train.warmup={cfg.train.warmup} >= 0")
+    if cfg.optimizer.precondition_frequency < 1:
+        raise ConfigError(f"optimizer.precondition_frequency={cfg.optimizer.precondition_frequency} must be >= 1")
+    check_tp(cfg.model_cfg(), cfg.parallel.tp)
+    return cfg
+
+
+def _parse_override(item: str) -> tuple[str, str]:
+    if "=" not in item or item.startswith("="):
+        raise ConfigError(f"bad override {item!r}; expected key=value, e.g. parallel.dp=8")
+    key, value = item.split("=", 1)
+    return _SHORTHANDS.get(key.strip(), key.strip()), value
+
+
+def load_config(overrides: list[str] | tuple[str, ...] = (), base: dict[str, Any] | None = None) -> TrialConfig:
+    """Build a validated TrialConfig from an optional base dict and ``key=value`` overrides."""
+    schema = OmegaConf.structured(TrialConfig)
+    try:
+        merged = OmegaConf.merge(schema, base or {})
+        for item in overrides:
+            key, value = _parse_override(item)
+            OmegaConf.update(merged, key, _yaml_value(value), merge=True, force_add=False)
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_one_line(e)) from None
+    assert isinstance(obj, TrialConfig)
+    return validate(obj)
+
+
+def _yaml_value(value: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(value) if value != "" else None
+    except yaml.YAMLError:
+        return value
+
+
+def _one_line(e: OmegaConfBaseException) -> str:
+    msg = str(e).splitlines()[0].strip()
+    key = getattr(e, "full_key", None)
+    if "Key" in msg and "not in" in msg and key:
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        allowed = _allowed_keys(parent)
+        return f"unknown config key {key!r}; allowed under {parent or 'top level'}: {', '.join(allowed)}"
+    if key:
+        return f"{key}: {msg}"
+    return msg
+
+
+def _allowed_keys(parent: str) -> list[str]:
+    node: Any = OmegaConf.structured(TrialConfig)
+    for part in filter(None, parent.split(".")):
+        node = node[part]
+    return sorted(node.keys())
+
+
+def parse_cli(argv: list[str]) -> tuple[TrialConfig, set[str]]:
+    """Split ``--flags`` from overrides; return the config and the set of flags."""
+    flags = {a for a in argv if a.startswith("--")}
+    return load_config([a for a in argv if not a.startswith("--")]), flags

@@ -1,0 +1,208 @@
+"""Qwen3 dense model inventory: the ordered list of parameters as Megatron lays them out.
+
+Everything downstream (cost model, planner, executor, model) speaks in terms of `ParamSpec`s,
+so this module is the single source of truth for names, full (unsharded) shapes and how each
+parameter is split over tensor-parallel ranks.
+
+Canonical full layouts (independent of the TP size, so TP shards concatenated along
+`tp_dim` always give the same full matrix and parities against a single process hold):
+
+- fused QKV ``[(heads + 2*kv_heads) * head_dim, hidden]``: Megatron's per-query-group
+  interleave -- for each KV group g, the rows of its ``heads/kv_heads`` query heads, then its
+  key head, then its value head. TP must divide ``kv_heads``, so each rank holds whole groups.
+- fused gate/up ``[2 * ffn, hidden]``: rows interleaved one by one (row 2i is gate_i, row 2i+1
+  is up_i), so any contiguous row block holds matching gate and up rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+Kind = Literal["matrix", "adamw"]
+
+
+class ConfigError(ValueError):
+    """Invalid user input; the message is one line naming the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    hidden: int
+    ffn: int
+    num_layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool
+
+    @property
+    def q_per_group(self) -> int:
+        return self.heads // self.kv_heads
+
+
+# Public Qwen3 dense configs (head_dim 128, vocab 151936). DESIGN.md §5.
+QWEN3: dict[str, ModelConfig] = {
+    c.name: c
+    for c in [
+        ModelConfig("qwen3-0.6b", 1024, 3072, 28, 16, 8, 128, 151936, True),
+        ModelConfig("qwen3-1.7b", 2048, 6144, 28, 16, 8, 128, 151936, True),
+        ModelConfig("qwen3-4b", 2560, 9728, 36, 32, 8, 128, 151936, True),
+        ModelConfig("qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936, False),
+        ModelConfig("qwen3-14b", 5120, 17408, 40, 40, 8, 128, 151936, False),
+        ModelConfig("qwen3-32b", 5120, 25600, 64, 64, 8, 128, 151936, False),
+    ]
+}
+
+
+def model_config(name: str, width_div: int = 1, num_layers: int | None = None) -> ModelConfig:
+    """Look up a Qwen3 config, optionally scaled down for small machines.
+
+    ``width_div`` divides hidden, ffn, head_dim and vocab by the same factor (head counts kept),
+    so every matrix keeps its aspect ratio; ``num_layers`` truncates the stack.
+    """
+    if name not in QWEN3:
+        raise ConfigError(f"unknown model {name!r}; allowed: {', '.join(QWEN3)}")
+    cfg = QWEN3[name]
+    if not isinstance(width_div, int) or width_div < 1:
+        raise ConfigError(f"model.width_div={width_div!r} must be a positive integer")
+    for field in ("hidden", "ffn", "head_dim", "vocab"):
+        if getattr(cfg, field) % width_div:
+            raise ConfigError(
+                f"model.width_div={width_div} does not divide {field}={getattr(cfg, field)} of {name}"
+            )
+    if num_layers is not None and not (isinstance(num_layers, int) and 1 <= num_layers <= cfg.num_layers):
+        raise ConfigError(f"model.num_layers={num_layers!r} must be an integer in [1, {cfg.num_layers}] for {name}")
+    return replace(
+        cfg,
+        name=cfg.name if width_div == 1 and num_layers is None else f"{cfg.name}/w{width_div}l{num_layers or cfg.num_layers}",
+        hidden=cfg.hidden // width_div,
+        ffn=cfg.ffn // width_div,
+        head_dim=cfg.head_dim // width_div,
+        vocab=cfg.vocab // width_div,
+        num_layers=num_layers or cfg.num_layers,
+    )
+
+
+@dataclass(frozen=True)
+class SubMatrix:
+    """A logical matrix inside a fused parameter, as row indices of the full canonical layout.
+
+    ``row_blocks`` is a tuple of (start, stop, step) slices whose concatenation, in order,
+    gives the sub-matrix's rows.
+    """
+
+    name: str
+    shape: tuple[int, int]
+    row_blocks: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One model parameter.
+
+    ``tp_dim`` is the dim along which the full tensor is split over TP ranks (0: column-parallel
+    / vocab-parallel, 1: row-parallel, None: replicated). ``kind`` says which optimizer updates
+    it. ``subs`` lists the logical sub-matrices a fused matrix is optimized as when
+    ``split_fused`` is on (empty otherwise). ``tp_grad_allreduce`` marks replicated params whose
+    gradient is only partial on each TP rank (q/k-norm, applied to the rank's own heads).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    tp_dim: int | None
+    kind: Kind
+    layer: int | None = None
+    subs: tuple[SubMatrix, ...] = ()
+    tp_grad_allreduce: bool = False
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def local_shape(self, tp: int) -> tuple[int, ...]:
+        if self.tp_dim is None:
+            return self.shape
+        shape = list(self.shape)
+        shape[self.tp_dim] //= tp
+        return tuple(shape)
+
+    def local_numel(self, tp: int) -> int:
+        return self.numel // tp if self.tp_dim is not None else self.numel
+
+    @property
+    def matrices(self) -> tuple[tuple[str, tuple[int, int]], ...]:
+        """The (name, shape) of each matrix the optimizer sees for this param."""
+        if self.subs:
+            return tuple((s.name, s.shape) for s in self.subs)
+        return ((self.name, self.shape),)  # type: ignore[return-value]
+
+
+def _qkv_subs(cfg: ModelConfig, prefix: str) -> tuple[SubMatrix, ...]:
+    hd, qpg, g = cfg.head_dim, cfg.q_per_group, cfg.kv_heads
+    stride = (qpg + 2) * hd
+    q_blocks = tuple((i * stride, i * stride + qpg * hd, 1) for i in range(g))
+    k_blocks = tuple((i * stride + qpg * hd, i * stride + (qpg + 1) * hd, 1) for i in range(g))
+    v_blocks = tuple((i * stride + (qpg + 1) * hd, (i + 1) * stride, 1) for i in range(g))
+    return (
+        SubMatrix(f"{prefix}.q", (cfg.heads * hd, cfg.hidden), q_blocks),
+        SubMatrix(f"{prefix}.k", (g * hd, cfg.hidden), k_blocks),
+        SubMatrix(f"{prefix}.v", (g * hd, cfg.hidden), v_blocks),
+    )
+
+
+def _fc1_subs(cfg: ModelConfig, prefix: str) -> tuple[SubMatrix, ...]:
+    return (
+        SubMatrix(f"{prefix}.gate", (cfg.ffn, cfg.hidden), ((0, 2 * cfg.ffn, 2),)),
+        SubMatrix(f"{prefix}.up", (cfg.ffn, cfg.hidden), ((1, 2 * cfg.ffn, 2),)),
+    )
+
+
+def build_inventory(
+    cfg: ModelConfig, *, split_fused: bool = False, matrix_embeddings: bool = False
+) -> list[ParamSpec]:
+    """Parameters in registration order (embedding, layers, final norm, output layer).
+
+    Embedding and output layer go to AdamW unless ``matrix_embeddings``; norms always do.
+    A tied model has no separate output layer.
+    """
+    emb_kind: Kind = "matrix" if matrix_embeddings else "adamw"
+    hd = cfg.head_dim
+    params = [ParamSpec("embedding.word_embeddings.weight", (cfg.vocab, cfg.hidden), 0, emb_kind)]
+    for i in range(cfg.num_layers):
+        p = f"decoder.layers.{i}"
+        qkv = f"{p}.self_attention.linear_qkv.weight"
+        fc1 = f"{p}.mlp.linear_fc1.weight"
+        params += [
+            ParamSpec(f"{p}.input_layernorm.weight", (cfg.hidden,), None, "adamw", i),
+            ParamSpec(qkv, ((cfg.heads + 2 * cfg.kv_heads) * hd, cfg.hidden), 0, "matrix", i,
+                      _qkv_subs(cfg, qkv) if split_fused else ()),
+            ParamSpec(f"{p}.self_attention.q_layernorm.weight", (hd,), None, "adamw", i, tp_grad_allreduce=True),
+            ParamSpec(f"{p}.self_attention.k_layernorm.weight", (hd,), None, "adamw", i, tp_grad_allreduce=True),
+            ParamSpec(f"{p}.self_attention.linear_proj.weight", (cfg.hidden, cfg.heads * hd), 1, "matrix", i),
+            ParamSpec(f"{p}.pre_mlp_layernorm.weight", (cfg.hidden,), None, "adamw", i),
+            ParamSpec(fc1, (2 * cfg.ffn, cfg.hidden), 0, "matrix", i, _fc1_subs(cfg, fc1) if split_fused else ()),
+            ParamSpec(f"{p}.mlp.linear_fc2.weight", (cfg.hidden, cfg.ffn), 1, "matrix", i),
+        ]
+    params.append(ParamSpec("decoder.final_layernorm.weight", (cfg.hidden,), None, "adamw"))
+    if not cfg.tied_embeddings:
+        params.append(ParamSpec("output_layer.weight", (cfg.vocab, cfg.hidden), 0, emb_kind))
+    return params
+
+
+def check_tp(cfg: ModelConfig, tp: int) -> None:
+    """Raise ConfigError unless TP divides every dim it must split."""
+    if not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"parallel.tp={tp!r} must be a positive integer")
+    for what, n in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads), ("ffn", cfg.ffn), ("vocab", cfg.vocab)):
+        if n % tp:
+            raise ConfigError(f"parallel.tp={tp} does not divide {what}={n} of {cfg.name}")
+
+
+def total_params(params: list[ParamSpec]) -> int:
+    return sum(p.numel for p in params)

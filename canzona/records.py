@@ -1,0 +1,88 @@
+"""On-disk records of a trial: the contract between the trial runner, sweeps and analysis.
+
+A trial folder (``results/<sweep>/<trial_id>/`` in a sweep, ``out=DIR`` for one trial) holds:
+
+- ``config.yaml``  the resolved TrialConfig (every value, defaults included).
+- ``steps.jsonl``  one JSON object per rank per step (warm-up steps included, ``measured``
+  false), with the keys of `STEP_FIELDS` (milliseconds unless named otherwise) and ``events``:
+  a list of ``{"name", "cat", "start_ms", "dur_ms"}`` relative to the step's start, the
+  per-rank timeline of the step (cat is one of compute, comm, wait, model).
+- ``summary.json`` the trial's aggregates: see `SUMMARY_KEYS`.
+- ``status.json``  written by the sweep launcher: ``{"status": "done"|"failed"|"running",
+  "error": str|None, "job_id": str|None, "started": iso, "ended": iso|None}``.
+- ``stdout.txt`` / ``stderr.txt`` tails written by the sweep launcher.
+- ``trace.json``   a Chrome-trace (Perfetto) file of the measured steps, one process per rank.
+
+Every file is written atomically (temp file + rename) so a crash never leaves half a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# Per rank per step. *_ms are wall-clock milliseconds on that rank.
+STEP_FIELDS = (
+    "step",  # 0-based, warm-up steps included
+    "measured",  # False for warm-up steps
+    "rank",
+    "dp_rank",
+    "tp_rank",
+    "iteration_ms",  # forward + backward + exposed grad reduction + optimizer step + exposed param sync
+    "forward_ms",
+    "backward_ms",  # includes reduction work issued from hooks that overlapped backward
+    "grad_reduce_ms",  # exposed (not hidden behind backward) gradient reduction
+    "optimizer_step_ms",  # DESIGN.md §6: grads reduced -> every owned param updated
+    "gather_ms",  # TP gathers to owners (time blocked in waits / issue)
+    "compute_ms",  # owner optimizer maths
+    "scatter_ms",  # TP scatters back to shard holders
+    "apply_ms",  # applying updates to local shards
+    "param_sync_ms",  # exposed DP parameter all-gather / broadcast
+    "wait_ms",  # time blocked waiting on collectives inside the optimizer step
+    "compute_load",  # planned optimizer compute load of this rank (cost-model units)
+    "loss",
+)
+
+SUMMARY_KEYS = (
+    "iteration_ms_median",
+    "iteration_ms_p10",
+    "iteration_ms_p90",
+    "optimizer_step_ms_median",
+    "optimizer_step_ms_p10",
+    "optimizer_step_ms_p90",
+    "param_sync_ms_median",
+    "peak_memory_mb",  # list, per rank
+    "world",  # {"world_size", "dp", "tp", "backend", "device"}
+    "plan",  # {"imbalance": {...}, "ranks": [...], "plan_seconds"}
+    "versions",  # {"torch", "megatron_core", "python", "git"}
+    "host",
+    "config",  # the resolved config, nested dict
+)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
