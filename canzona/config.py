@@ -44,8 +44,12 @@ class CanzonaSection:
     alpha: float = 1.0
     cost: str = "flops"
     grouping: str = "global"
-    # Micro-group capacity as a fraction of the TP group's total load (cost-model independent).
-    capacity: float = 0.05
+    # Micro-group capacity: the most a group may put on one TP rank, as a fraction of the
+    # per-rank ideal load (the TP group's total / tp). Cost-model independent; 0.125 gives
+    # about 8 micro-groups per step.
+    capacity: float = 0.125
+    # DP partitioner: minmax (exact per-bucket min-max split) or snap (the paper's rule).
+    dp_variant: str = "minmax"
     pipeline_depth: int = 2
     measured_profile: str | None = None
 
@@ -141,6 +145,7 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     _choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
     _choice("canzona.cost", cfg.canzona.cost, COSTS)
     _choice("canzona.grouping", cfg.canzona.grouping, GROUPINGS)
+    _choice("canzona.dp_variant", cfg.canzona.dp_variant, ("minmax", "snap"))
     _choice("dist.dp_collective", cfg.dist.dp_collective, DP_COLLECTIVES)
     _choice("dist.sync_variant", cfg.dist.sync_variant, SYNC_VARIANTS)
     _choice("dist.device", cfg.dist.device, DEVICES)

@@ -1,0 +1,109 @@
+"""``python -m canzona.plan key=value ... [--json]``: plan one layout and print who computes what.
+
+Example: ``python -m canzona.plan model=qwen3-32b parallel.dp=64 parallel.tp=8 method=canzona``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from canzona.config import TrialConfig, parse_cli
+from canzona.inventory import ConfigError
+from canzona.plan.methods import make_plan
+from canzona.plan.metrics import PlanMetrics, compute_metrics
+from canzona.plan.types import Plan
+
+USAGE = "usage: python -m canzona.plan [key=value ...] [--json]   (e.g. model=qwen3-8b parallel.dp=8 parallel.tp=2)"
+
+
+def plan_json(plan: Plan, metrics: PlanMetrics) -> dict:
+    """The --json document: every parameter once (sub-matrices when split_fused), ranks, imbalance."""
+    params = []
+    for i, spec in enumerate(plan.params):
+        is_matrix = plan.uses_matrix_rule(i)
+        dp_owner = plan.dp_owner[i]
+        tp_owner = plan.tp_owner[i] if is_matrix else None
+        entries = spec.subs or (None,)
+        for sub in entries:
+            name, shape = (sub.name, sub.shape) if sub else (spec.name, spec.shape)
+            share = plan.cost[i] if sub is None else plan.cost[i] * _numel(sub.shape) / spec.numel
+            params.append(
+                {
+                    "name": name,
+                    "shape": list(shape),
+                    "kind": spec.kind if plan.matrix_rule else "adamw",
+                    "tp_partition_dim": spec.tp_dim,
+                    "dp_owner": dp_owner,
+                    "tp_owner": tp_owner,
+                    "cost": share,
+                }
+            )
+    return {
+        "method": plan.method,
+        "cost_model": plan.cost_model,
+        "dp": plan.dp,
+        "tp": plan.tp,
+        "params": params,
+        "ranks": metrics.ranks(),
+        "imbalance": metrics.imbalance(),
+        "collectives_per_step": metrics.collectives,
+        "buckets": len(plan.layout.buckets),
+        "micro_groups": [len(g) for g in plan.micro_groups],
+        "plan_seconds": plan.plan_seconds,
+    }
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def render_table(cfg: TrialConfig, plan: Plan, m: PlanMetrics) -> str:
+    lines = [
+        f"{cfg.model_cfg().name}  method={plan.method}  optimizer={cfg.optimizer.name}  dp={plan.dp} tp={plan.tp}  "
+        f"cost={plan.cost_model}  buckets={len(plan.layout.buckets)}  planned in {plan.plan_seconds * 1e3:.1f} ms",
+        f"imbalance: compute {m.compute_imbalance:.3f}  memory {m.memory_imbalance:.3f}  "
+        f"lower bound {m.lower_bound:.3f}  collectives/step {m.collectives}",
+        "",
+        f"{'dp':>4} {'tp':>3} {'compute':>12} {'share':>7} {'state numel':>13} {'send MB':>9} {'recv MB':>9}",
+    ]
+    total = m.compute.sum() or 1.0
+    rows = m.ranks()
+    shown = rows if len(rows) <= 32 else rows[:16] + rows[-16:]
+    for k, r in enumerate(shown):
+        if len(rows) > 32 and k == 16:
+            lines.append(f"{'...':>4} ({len(rows) - 32} more ranks)")
+        lines.append(
+            f"{r['dp_rank']:>4} {r['tp_rank']:>3} {r['compute']:>12.4g} {r['compute'] / total:>7.2%} "
+            f"{r['numel']:>13,} {r['send_bytes'] / 1e6:>9.1f} {r['recv_bytes'] / 1e6:>9.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(USAGE)
+        return 0
+    try:
+        cfg, flags = parse_cli(argv)
+        unknown = flags - {"--json"}
+        if unknown:
+            raise ConfigError(f"unknown flag {sorted(unknown)[0]}; allowed: --json")
+        plan = make_plan(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    metrics = compute_metrics(plan)
+    if "--json" in flags:
+        print(json.dumps(plan_json(plan, metrics)))
+    else:
+        print(render_table(cfg, plan, metrics))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

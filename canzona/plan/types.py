@@ -1,0 +1,57 @@
+"""The plan every method's planner returns and every executor consumes (plain data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from canzona.inventory import ParamSpec
+from canzona.plan.buckets import BufferLayout
+from canzona.plan.tp import MicroGroup
+
+# How gradients are reduced over DP: reduce-scatter into the plan's shards, or all-reduce.
+GradReduce = Literal["reduce_scatter", "all_reduce"]
+# How updated params reach every DP rank: all-gather of the shards, a padded all-gather of
+# whole owned params (layer-wise), or nothing (every rank computed everything).
+ParamSync = Literal["shards", "owned_params", "none"]
+# How TP-sharded matrices are updated: the micro-group pipeline (one owner per matrix),
+# all-gather + redundant compute on every TP rank, or shard-local (elementwise rules).
+TpMode = Literal["pipeline", "duplicated", "local"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    method: str
+    params: tuple[ParamSpec, ...]
+    layout: BufferLayout
+    cost: dict[int, float]  # inventory index -> full-tensor update cost
+    cost_model: str
+    matrix_rule: bool  # False when every param gets the elementwise AdamW rule
+    grad_reduce: GradReduce
+    param_sync: ParamSync
+    tp_mode: TpMode
+    # Per bucket, each DP rank's (start, end) absolute range of the buffer (start == end: it
+    # owns nothing there), when the DP update works on bucket shards (adamw, canzona; also
+    # sync's zero1_gather variant). Ranges are disjoint and cover the bucket; canzona's may
+    # come in any rank order, Megatron's equal shards come in rank order.
+    shard_ranges: tuple[tuple[tuple[int, int], ...], ...] | None
+    # inventory index -> DP rank computing its update; None: every DP rank computes it
+    # (sync) or it is split elementwise over the shards (adamw).
+    dp_owner: tuple[int | None, ...]
+    # inventory index -> TP rank computing the full update; None: every TP rank (duplicated,
+    # replicated params, or shard-local elementwise updates).
+    tp_owner: tuple[int | None, ...]
+    # Per DP rank, the micro-groups its TP group runs (empty unless tp_mode == "pipeline").
+    micro_groups: tuple[tuple[MicroGroup, ...], ...]
+    plan_seconds: float = 0.0
+
+    @property
+    def dp(self) -> int:
+        return self.layout.dp
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    def uses_matrix_rule(self, index: int) -> bool:
+        return self.matrix_rule and self.params[index].kind == "matrix"
