@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up and run the whole test suite: lint, fast unit tests, the multi-process (gloo) tests,
+# the Slurm tests against a real local controller and the browser test of the report.
+# For the fast inner loop use plain `pytest` (slow tests are deselected by default).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+bash scripts/setup.sh
+bash scripts/services.sh install
+"$PY" -m ruff check .
+trap 'bash slurm/dev-cluster.sh down >/dev/null 2>&1 || true' EXIT
+"$PY" -m pytest -m "slow or not slow" -p no:cacheprovider "$@"
+bash slurm/dev-cluster.sh down
