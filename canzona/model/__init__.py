@@ -1,0 +1,36 @@
+"""Qwen3 built from megatron-core TP layers (``qwen3``), process groups (``parallel``) and
+synthetic data (``data``).
+
+Names are resolved lazily: importing megatron-core takes several seconds, so
+``canzona.model.data`` (and anything that only needs it) does not pay for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Qwen3Model": "qwen3",
+    "RMSNorm": "qwen3",
+    "build_model": "qwen3",
+    "full_state_dict": "qwen3",
+    "full_grad_dict": "qwen3",
+    "load_full_state_dict": "qwen3",
+    "init_full_state_dict": "qwen3",
+    "init_shard": "qwen3",
+    "reduce_tp_partial_grads": "qwen3",
+    "ParallelContext": "parallel",
+    "init_parallel": "parallel",
+    "current_context": "parallel",
+    "destroy_parallel": "parallel",
+    "synthetic_batch": "data",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

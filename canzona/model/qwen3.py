@@ -1,0 +1,363 @@
+"""Qwen3 dense decoder built from megatron-core tensor-parallel layers.
+
+One code path for CPU/gloo and CUDA/NCCL: the layers are allocated on the CPU
+(``use_cpu_initialization``), filled from TP-independent seeded full tensors, then moved to
+``device``. Nothing here uses Megatron's CUDA RNG tracker, sequence parallel or its DDP.
+
+Layout (names and order equal ``canzona.inventory.build_inventory(cfg)``)::
+
+    embedding.word_embeddings            VocabParallelEmbedding             [V/tp, H]
+    decoder.layers.i.input_layernorm     RMSNorm (replicated)
+        .self_attention.linear_qkv       ColumnParallelLinear, local rows = whole KV groups,
+                                         each [q heads of the group | k head | v head]
+        .self_attention.q_layernorm      RMSNorm over head_dim (replicated, partial grads)
+        .self_attention.k_layernorm      RMSNorm over head_dim (replicated, partial grads)
+        .self_attention.linear_proj      RowParallelLinear (input_is_parallel)
+        .pre_mlp_layernorm               RMSNorm (replicated)
+        .mlp.linear_fc1                  ColumnParallelLinear, rows interleaved gate_i, up_i
+        .mlp.linear_fc2                  RowParallelLinear
+    decoder.final_layernorm              RMSNorm (replicated)
+    output_layer                         ColumnParallelLinear (absent when tied: uses the embedding)
+
+Gradients of the q/k-norm weights are *partial* on each TP rank (each rank normalises only
+its own heads); the model leaves them so, the executor sums them over the TP group
+(``ParamSpec.tp_grad_allreduce``; ``reduce_tp_partial_grads`` does it for tests).
+All other replicated params get identical, complete gradients on every TP rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from canzona.inventory import ModelConfig, ParamSpec, build_inventory, check_tp
+
+with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed" x4 on import
+    warnings.simplefilter("ignore")
+    from megatron.core import parallel_state
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.tensor_parallel import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+        vocab_parallel_cross_entropy,
+    )
+
+ROPE_THETA = 1_000_000.0
+NORM_EPS = 1e-6
+INIT_STD = 0.02
+# Full tensors are generated in row chunks of about this many elements; chunk boundaries depend
+# only on the full shape, so the values are TP-independent and a rank materialises at most one
+# chunk beyond its shard.
+_INIT_CHUNK_ELEMS = 1 << 22
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim, computed in fp32, weight initialised to ones."""
+
+    def __init__(self, dim: int, eps: float = NORM_EPS, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * xf).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half convention, as HF Qwen3) on x [b, heads, s, head_dim]."""
+    s, hd = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd))
+    freqs = torch.outer(torch.arange(s, dtype=torch.float32, device=x.device), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Embedding(nn.Module):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig):
+        super().__init__()
+        self.word_embeddings = VocabParallelEmbedding(
+            cfg.vocab, cfg.hidden, init_method=_no_init, config=mp, tp_group=_tp_group()
+        )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.word_embeddings(tokens)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int):
+        super().__init__()
+        hd = cfg.head_dim
+        self.head_dim = hd
+        self.q_per_group = cfg.q_per_group
+        self.local_groups = cfg.kv_heads // tp
+        self.linear_qkv = ColumnParallelLinear(
+            cfg.hidden, (cfg.heads + 2 * cfg.kv_heads) * hd, config=mp, init_method=_no_init,
+            bias=False, gather_output=False, tp_group=_tp_group(),
+        )
+        self.q_layernorm = RMSNorm(hd)
+        self.k_layernorm = RMSNorm(hd)
+        self.linear_proj = RowParallelLinear(
+            cfg.heads * hd, cfg.hidden, config=mp, init_method=_no_init, bias=False,
+            input_is_parallel=True, skip_bias_add=False, tp_group=_tp_group(),
+        )
+
+    def split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Local fused QKV output [b, s, groups*(qpg+2)*hd] -> q [b, s, groups*qpg, hd], k, v
+        [b, s, groups, hd]. Query head h of the rank uses KV head h // qpg."""
+        b, s, _ = mixed.shape
+        g, qpg, hd = self.local_groups, self.q_per_group, self.head_dim
+        mixed = mixed.view(b, s, g, qpg + 2, hd)
+        q = mixed[:, :, :, :qpg].reshape(b, s, g * qpg, hd)
+        return q, mixed[:, :, :, qpg], mixed[:, :, :, qpg + 1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        mixed, _ = self.linear_qkv(x)
+        q, k, v = self.split_qkv(mixed)
+        q = _rope(self.q_layernorm(q).transpose(1, 2), ROPE_THETA)
+        k = _rope(self.k_layernorm(k).transpose(1, 2), ROPE_THETA)
+        v = v.transpose(1, 2)
+        k = k.repeat_interleave(self.q_per_group, dim=1)
+        v = v.repeat_interleave(self.q_per_group, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, s, hd]
+        out, _ = self.linear_proj(out.transpose(1, 2).reshape(b, s, -1))
+        return out
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig):
+        super().__init__()
+        self.linear_fc1 = ColumnParallelLinear(
+            cfg.hidden, 2 * cfg.ffn, config=mp, init_method=_no_init, bias=False, gather_output=False,
+            tp_group=_tp_group(),
+        )
+        self.linear_fc2 = RowParallelLinear(
+            cfg.ffn, cfg.hidden, config=mp, init_method=_no_init, bias=False,
+            input_is_parallel=True, skip_bias_add=False, tp_group=_tp_group(),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.linear_fc1(x)  # local rows interleaved: 2i gate_i, 2i+1 up_i
+        out, _ = self.linear_fc2(F.silu(h[..., 0::2]) * h[..., 1::2])
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden)
+        self.self_attention = SelfAttention(cfg, mp, tp)
+        self.pre_mlp_layernorm = RMSNorm(cfg.hidden)
+        self.mlp = MLP(cfg, mp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attention(self.input_layernorm(x))
+        return x + self.mlp(self.pre_mlp_layernorm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int):
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(cfg, mp, tp) for _ in range(cfg.num_layers))
+        self.final_layernorm = RMSNorm(cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.final_layernorm(x)
+
+
+class Qwen3Model(nn.Module):
+    """Qwen3 dense decoder, tensor-parallel over Megatron's TP group.
+
+    ``forward(tokens [b, s], labels [b, s] | None)`` returns the mean cross-entropy over all
+    b*s tokens of this rank's micro-batch (identical on all TP ranks), or the vocab-parallel
+    logits ``[b, s, vocab/tp]`` when ``labels`` is None.
+    """
+
+    def __init__(self, cfg: ModelConfig, tp: int, tp_rank: int):
+        super().__init__()
+        check_tp(cfg, tp)
+        self.cfg, self.tp, self.tp_rank = cfg, tp, tp_rank
+        mp = ModelParallelConfig(
+            tensor_model_parallel_size=tp,
+            use_cpu_initialization=True,
+            perform_initialization=False,  # overwritten by TP-independent seeded full tensors
+            params_dtype=torch.float32,
+            sequence_parallel=False,
+            gradient_accumulation_fusion=False,
+        )
+        self.embedding = Embedding(cfg, mp)
+        self.decoder = Decoder(cfg, mp, tp)
+        # Tied: no weight of its own; forward passes the embedding's [vocab/tp, hidden] shard.
+        self.output_layer = ColumnParallelLinear(
+            cfg.hidden, cfg.vocab, config=mp, init_method=_no_init, bias=False, gather_output=False,
+            skip_weight_param_allocation=cfg.tied_embeddings, tp_group=_tp_group(),
+        )
+        self._specs = build_inventory(cfg)
+        names = [n for n, _ in self.named_parameters()]
+        if names != [s.name for s in self._specs]:
+            raise AssertionError(f"parameter names {names} differ from the inventory")
+        for (_, p), spec in zip(self.named_parameters(), self._specs):
+            if tuple(p.shape) != spec.local_shape(tp):
+                raise AssertionError(f"{spec.name}: local shape {tuple(p.shape)} != {spec.local_shape(tp)}")
+
+    def param_specs(self) -> list[ParamSpec]:
+        """The inventory (``build_inventory(cfg)``), aligned with ``named_parameters()``."""
+        return list(self._specs)
+
+    def tp_partial_grad_params(self) -> list[tuple[str, nn.Parameter]]:
+        """Replicated params whose grads are partial per TP rank (sum them over TP)."""
+        return [(n, p) for (n, p), s in zip(self.named_parameters(), self._specs) if s.tp_grad_allreduce]
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.decoder(self.embedding(tokens))
+        weight = self.embedding.word_embeddings.weight if self.cfg.tied_embeddings else None
+        logits, _ = self.output_layer(h, weight=weight)
+        if labels is None:
+            return logits
+        # vocab_parallel_cross_entropy subtracts the max from fp32 logits in place; fine here.
+        return vocab_parallel_cross_entropy(logits.float(), labels).mean()
+
+
+def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu", seed: int = 0) -> Qwen3Model:
+    """Build this rank's shard of the model; Megatron's TP groups must already exist
+    (``canzona.model.parallel.init_parallel``). Values are TP-independent (``init_shard``)."""
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    model = Qwen3Model(cfg, tp, tp_rank)
+    with torch.no_grad():
+        for idx, ((_, p), spec) in enumerate(zip(model.named_parameters(), model.param_specs())):
+            p.copy_(init_shard(spec, idx, seed=seed, num_layers=cfg.num_layers, tp=tp, tp_rank=tp_rank))
+    return model.to(torch.device(device))
+
+
+def _chunk_seed(seed: int, idx: int, chunk: int) -> int:
+    digest = hashlib.sha256(f"canzona-init/{seed}/{idx}/{chunk}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _init_std(spec: ParamSpec, num_layers: int) -> float:
+    # Megatron's scaled init for the residual output projections.
+    if spec.name.endswith(("linear_proj.weight", "linear_fc2.weight")):
+        return INIT_STD / math.sqrt(2.0 * num_layers)
+    return INIT_STD
+
+
+def init_shard(spec: ParamSpec, idx: int, *, seed: int, num_layers: int, tp: int = 1, tp_rank: int = 0) -> torch.Tensor:
+    """This rank's shard of the seeded full tensor of param ``idx`` of the inventory (CPU, fp32).
+
+    Norm weights are ones. Matrices are N(0, std²) (std 0.02; linear_proj/fc2 scaled by
+    1/sqrt(2·layers)), generated in row chunks, chunk c from a generator seeded by
+    sha256(seed, idx, c): the full tensor does not depend on ``tp``.
+    """
+    if len(spec.shape) == 1:
+        return torch.ones(spec.local_shape(tp))
+    rows, cols = spec.shape
+    std = _init_std(spec, num_layers)
+    chunk_rows = max(1, _INIT_CHUNK_ELEMS // cols)
+    lo, hi = 0, rows
+    if spec.tp_dim == 0:
+        lo, hi = tp_rank * rows // tp, (tp_rank + 1) * rows // tp
+    parts = []
+    for c in range(lo // chunk_rows, (hi - 1) // chunk_rows + 1):
+        r0, r1 = c * chunk_rows, min(rows, (c + 1) * chunk_rows)
+        g = torch.Generator().manual_seed(_chunk_seed(seed, idx, c))
+        block = torch.randn(r1 - r0, cols, generator=g) * std
+        block = block[max(lo, r0) - r0 : min(hi, r1) - r0]
+        if spec.tp_dim == 1:
+            w = cols // tp
+            block = block[:, tp_rank * w : (tp_rank + 1) * w]
+        parts.append(block)
+    return torch.cat(parts).contiguous()
+
+
+def init_full_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """The full initial values ``build_model(cfg, seed=seed)`` shards, without any process group."""
+    return {
+        s.name: init_shard(s, i, seed=seed, num_layers=cfg.num_layers)
+        for i, s in enumerate(build_inventory(cfg))
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Full (unsharded) views, for tests and parity checks. They all-gather over the TP group.
+
+
+def _gather_full(local: torch.Tensor, spec: ParamSpec, tp: int, group) -> torch.Tensor:
+    if spec.tp_dim is None or tp == 1:
+        return local.detach().clone().cpu()
+    parts = [torch.empty_like(local) for _ in range(tp)]
+    dist.all_gather(parts, local.detach().contiguous(), group=group)
+    return torch.cat(parts, dim=spec.tp_dim).cpu()
+
+
+def full_state_dict(model: Qwen3Model) -> dict[str, torch.Tensor]:
+    """name -> full tensor (CPU), gathered over the TP group along each param's ``tp_dim``.
+    Collective: every TP rank must call it."""
+    group = parallel_state.get_tensor_model_parallel_group()
+    return {
+        n: _gather_full(p.data, s, model.tp, group)
+        for (n, p), s in zip(model.named_parameters(), model.param_specs())
+    }
+
+
+def full_grad_dict(model: Qwen3Model, *, reduce_partial: bool = True) -> dict[str, torch.Tensor]:
+    """name -> full gradient (CPU). With ``reduce_partial`` the partial q/k-norm grads are summed
+    over TP first (on a copy; the model's grads are left as they are). Collective."""
+    group = parallel_state.get_tensor_model_parallel_group()
+    out = {}
+    for (n, p), s in zip(model.named_parameters(), model.param_specs()):
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        if reduce_partial and s.tp_grad_allreduce and model.tp > 1:
+            g = g.detach().clone()
+            dist.all_reduce(g, group=group)
+        out[n] = _gather_full(g, s, model.tp, group)
+    return out
+
+
+def reduce_tp_partial_grads(model: Qwen3Model) -> None:
+    """Sum the partial q/k-norm grads over the TP group in place (what the executor does)."""
+    if model.tp == 1:
+        return
+    group = parallel_state.get_tensor_model_parallel_group()
+    for _, p in model.tp_partial_grad_params():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+
+
+def load_full_state_dict(model: Qwen3Model, full: dict[str, torch.Tensor]) -> None:
+    """Copy this rank's shard of each full tensor into the model (no communication)."""
+    specs = model.param_specs()
+    missing = [s.name for s in specs if s.name not in full]
+    extra = sorted(set(full) - {s.name for s in specs})
+    if missing or extra:
+        raise KeyError(f"full state dict mismatch: missing {missing}, unexpected {extra}")
+    with torch.no_grad():
+        for (n, p), s in zip(model.named_parameters(), specs):
+            t = full[n]
+            if tuple(t.shape) != s.shape:
+                raise ValueError(f"{n}: full shape {tuple(t.shape)} != {s.shape}")
+            if s.tp_dim is not None:
+                size = s.shape[s.tp_dim] // model.tp
+                t = t.narrow(s.tp_dim, model.tp_rank * size, size)
+            p.copy_(t)
+
+
+def _tp_group():
+    return parallel_state.get_tensor_model_parallel_group()
+
+
+def _no_init(weight: torch.Tensor) -> None:  # megatron requires an init_method; we never use it
+    return None

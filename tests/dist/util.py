@@ -1,0 +1,104 @@
+"""Run a function on N local gloo ranks (torch.multiprocessing, spawn start method).
+
+``run_ranks(fn, world, *args, timeout_s=60)`` starts ``world`` processes, each with the usual
+launcher env (``MASTER_ADDR``, ``MASTER_PORT`` of a free port, ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``) and one torch thread, calls ``fn(rank, world, *args)`` and returns the results
+in rank order. ``fn`` must be a module-level function; it initialises its own process group
+(e.g. ``canzona.model.init_parallel``) and its result must be torch.save-able. A child's
+exception is re-raised here with the child's traceback; a run that exceeds ``timeout_s`` is
+killed (its stacks are dumped to stderr shortly before) and raises ``TimeoutError``.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+
+class ChildError(RuntimeError):
+    """A rank raised; the message carries its traceback."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(rank: int, world: int, port: int, fn: Callable, args: tuple, q, timeout_s: float) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
+    )
+    torch.set_num_threads(1)
+    faulthandler.dump_traceback_later(max(1.0, timeout_s - 3), exit=False)
+    try:
+        result = fn(rank, world, *args)
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        q.put((rank, True, buf.getvalue()))
+    except BaseException:  # noqa: BLE001 - report everything, including SystemExit
+        q.put((rank, False, f"rank {rank}:\n{traceback.format_exc()}"))
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+
+
+def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = 60.0) -> list[Any]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_child, args=(r, world, port, fn, args, q, timeout_s), daemon=True)
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"{world}-rank run of {fn.__name__} exceeded {timeout_s:.0f}s; "
+                    f"ranks done: {sorted(results)}"
+                )
+            try:
+                rank, ok, payload = q.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in results and p.exitcode not in (None, 0)]
+                if dead:
+                    raise ChildError(
+                        f"rank(s) {dead} of {fn.__name__} died with exit codes "
+                        f"{[procs[r].exitcode for r in dead]} and no report"
+                    ) from None
+                continue
+            if not ok:
+                raise ChildError(payload)
+            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(results) == world else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        q.close()
+    return [results[r] for r in range(world)]
