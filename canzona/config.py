@@ -86,7 +86,6 @@ class DistSection:
     dp_collective: str = "padded"
     sync_variant: str = "all_reduce"
     overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = False
     timeout_s: float = 300.0
     threads_per_rank: int | None = None
 

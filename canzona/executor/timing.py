@@ -1,0 +1,59 @@
+"""Per-rank phase timing: accumulated milliseconds per phase plus a timeline of events.
+
+On CUDA each phase boundary synchronises the device so wall-clock time means finished work;
+on CPU the collectives and maths are synchronous from Python's point of view already.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+# Phase name -> timeline category (what colour the Gantt chart gives it).
+CATEGORY = {
+    "forward": "model",
+    "backward": "model",
+    "grad_reduce": "comm",
+    "gather": "comm",
+    "compute": "compute",
+    "scatter": "comm",
+    "apply": "compute",
+    "param_sync": "comm",
+    "wait": "wait",
+}
+
+
+class StepTimer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.reset()
+
+    def reset(self) -> None:
+        self.ms: dict[str, float] = defaultdict(float)
+        self.events: list[dict[str, float | str]] = []
+        self._sync()
+        self.t0 = time.perf_counter()
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def now_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1e3
+
+    @contextmanager
+    def phase(self, name: str, label: str | None = None) -> Iterator[None]:
+        """Time a block as `name`; `label` names the timeline event (e.g. "gather g3")."""
+        self._sync()
+        start = self.now_ms()
+        try:
+            yield
+        finally:
+            self._sync()
+            dur = self.now_ms() - start
+            self.ms[name] += dur
+            self.events.append({"name": label or name, "cat": CATEGORY.get(name, name), "start_ms": start, "dur_ms": dur})

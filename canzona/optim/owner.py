@@ -1,0 +1,118 @@
+"""What an owner does with whole tensors, shared by every distributed method and the
+single-process reference, so they cannot drift apart.
+
+`MatrixUpdates` turns full gradients of matrices into full updates: one batched call of the
+rule over all matrices given (equal shapes batch together), a fused matrix optimised as its
+logical sub-matrices when the inventory lists them (``split_fused``), and the state kept per
+(param, sub-matrix). `ElementwiseUpdates` does the same for AdamW targets of any shape.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from canzona.config import OptimizerSection
+from canzona.inventory import ParamSpec, SubMatrix
+from canzona.optim.base import UpdateRule, apply_update, learning_rate, make_rule
+
+
+def _rows(sub: SubMatrix) -> list[int]:
+    return [r for a, b, step in sub.row_blocks for r in range(a, b, step)]
+
+
+class MatrixUpdates:
+    def __init__(self, specs: tuple[ParamSpec, ...] | list[ParamSpec], opt: OptimizerSection):
+        self.specs = specs
+        self.opt = opt
+        self.rule: UpdateRule = make_rule(opt, "matrix")
+        self.lr = learning_rate(opt, "matrix")
+        self.states: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+        self._row_index: dict[str, torch.Tensor] = {}
+
+    def _pieces(self, index: int, full: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        spec = self.specs[index]
+        if not spec.subs:
+            return [(spec.name, full)]
+        return [(s.name, full[self._rows_of(s, full.device)]) for s in spec.subs]
+
+    def _rows_of(self, sub: SubMatrix, device: torch.device) -> torch.Tensor:
+        if sub.name not in self._row_index:
+            self._row_index[sub.name] = torch.tensor(_rows(sub), dtype=torch.long, device=device)
+        return self._row_index[sub.name]
+
+    def directions(self, indices: list[int], full_grads: list[torch.Tensor], step: int) -> list[torch.Tensor]:
+        keys, grads = [], []
+        for i, g in zip(indices, full_grads):
+            for name, piece in self._pieces(i, g):
+                keys.append((i, name))
+                grads.append(piece.contiguous())
+        states = [self._state(k, g) for k, g in zip(keys, grads)]
+        dirs = self.rule.directions(grads, states, step) if grads else []
+        out: list[torch.Tensor] = []
+        k = 0
+        for i, g in zip(indices, full_grads):
+            spec = self.specs[i]
+            if not spec.subs:
+                out.append(dirs[k])
+                k += 1
+                continue
+            full = torch.empty_like(g)
+            for s in spec.subs:
+                full[self._rows_of(s, g.device)] = dirs[k]
+                k += 1
+            out.append(full)
+        return out
+
+    def _state(self, key: tuple[int, str], grad: torch.Tensor) -> dict[str, torch.Tensor]:
+        if key not in self.states:
+            self.states[key] = self.rule.init_state(tuple(grad.shape), grad.device, grad.dtype)
+        return self.states[key]
+
+    def apply(self, param: torch.Tensor, direction: torch.Tensor) -> None:
+        apply_update(param, direction, self.lr, self.opt.weight_decay)
+
+
+class ElementwiseUpdates:
+    """AdamW on arbitrary tensors (whole params, TP shards, or flat slices of a shard)."""
+
+    def __init__(self, opt: OptimizerSection):
+        self.opt = opt
+        self.rule = make_rule(opt, "adamw")
+        self.lr = learning_rate(opt, "adamw")
+        self.states: dict[object, dict[str, torch.Tensor]] = {}
+
+    def step(self, keys: list[object], params: list[torch.Tensor], grads: list[torch.Tensor], step: int) -> None:
+        if not keys:
+            return
+        states = []
+        for k, g in zip(keys, grads):
+            if k not in self.states:
+                self.states[k] = self.rule.init_state(tuple(g.shape), g.device, g.dtype)
+            states.append(self.states[k])
+        for p, d in zip(params, self.rule.directions(list(grads), states, step)):
+            apply_update(p, d, self.lr, self.opt.weight_decay)
+
+
+class ReferenceOptimizer:
+    """The single-process optimizer on the full model: the ground truth for parity tests.
+
+    ``matrix_rule`` False gives AdamW everywhere (the ``adamw`` method / optimizer).
+    """
+
+    def __init__(self, specs: list[ParamSpec], opt: OptimizerSection, matrix_rule: bool = True):
+        self.specs = specs
+        self.matrix_rule = matrix_rule and opt.name != "adamw"
+        self.matrices = MatrixUpdates(specs, opt)
+        self.elementwise = ElementwiseUpdates(opt)
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
+        self.steps += 1
+        mat = [i for i, s in enumerate(self.specs) if self.matrix_rule and s.kind == "matrix"]
+        ew = [i for i, s in enumerate(self.specs) if i not in set(mat)]
+        dirs = self.matrices.directions(mat, [grads[self.specs[i].name] for i in mat], self.steps)
+        for i, d in zip(mat, dirs):
+            self.matrices.apply(params[self.specs[i].name], d)
+        names = [self.specs[i].name for i in ew]
+        self.elementwise.step(names, [params[n] for n in names], [grads[n] for n in names], self.steps)
