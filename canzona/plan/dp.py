@@ -178,9 +178,9 @@ def alpha_cuts(
             idx = _snap_split(weights, cost_load, float(cost_load.sum() + weights.sum()) / p, alpha, bounds)
         cuts = tuple(bounds[i] if i < len(bucket.params) else bucket.end for i in idx)
         result[bi] = cuts
-        costs = np.array([cost[s.index] for s in bucket.params])
-        for r in range(p):
-            cost_load[r] += alpha * costs[idx[r] : idx[r + 1]].sum() / total_cost
+        prefix = np.concatenate([[0.0], np.cumsum([cost[s.index] for s in bucket.params])])
+        at = np.asarray(idx)
+        cost_load += alpha * (prefix[at[1:]] - prefix[at[:-1]]) / total_cost
     return [result[i] for i in range(len(layout.buckets))]
 
 
@@ -251,12 +251,12 @@ def ranges_from_owners(layout: BufferLayout, owners: dict[int, int]) -> list[tup
     out = []
     for bucket in layout.buckets:
         bounds = boundaries(bucket)
-        rng = {r: (bucket.start, bucket.start) for r in range(layout.dp)}
+        rng = [(bucket.start, bucket.start)] * layout.dp
         for k, slot in enumerate(bucket.params):
             r = owners[slot.index]
             lo = rng[r][0] if rng[r][1] > rng[r][0] else bounds[k]
             rng[r] = (lo, bounds[k + 1])
-        out.append(tuple(rng[r] for r in range(layout.dp)))
+        out.append(tuple(rng))
     return out
 
 
