@@ -90,12 +90,8 @@ class DistributedOptimizer:
         ranges = plan.shard_ranges[b]
         pending = reduce_scatter(self.buffers.grad_buf, ranges, ctx.dp_rank, ctx.dp_group, self.how, average=True)
         if plan.method == "sync":  # zero1_gather: every rank needs every full gradient back
-            def regather() -> None:
-                pending_inner.wait()
-                all_gather(self.buffers.grad_buf, ranges, ctx.dp_rank, ctx.dp_group, self.how).wait()
-
-            pending_inner = pending
-            return Pending([], regather)
+            return Pending([], lambda: (pending.wait(), all_gather(self.buffers.grad_buf, ranges, ctx.dp_rank,
+                                                                   ctx.dp_group, self.how).wait()))
         return pending
 
     def start_step(self) -> None:
@@ -109,7 +105,7 @@ class DistributedOptimizer:
         self.buffers.start_step()
         for i, g in enumerate(local_grads):
             self.buffers.grad_view(i).copy_(g)
-        self.buffers._ready = [len(b.params) for b in self.plan.layout.buckets]
+        self.buffers.mark_all_ready()
         self.buffers.finish_grad_sync()
 
     # ------------------------------------------------------------------ the optimizer step
@@ -155,7 +151,7 @@ class DistributedOptimizer:
             if self.flat_elementwise:
                 keys, ps, gs = [], [], []
                 for b, ranges in enumerate(plan.shard_ranges or ()):
-                    lo, hi = ranges[ctx.dp_rank] if ctx.dp > 1 else (plan.layout.buckets[b].start, plan.layout.buckets[b].end)
+                    lo, hi = ranges[ctx.dp_rank]
                     if hi > lo:
                         keys.append(("bucket", b))
                         ps.append(buf.param_buf[lo:hi])
@@ -194,9 +190,3 @@ class DistributedOptimizer:
                 n = buf.slots[i].numel
                 buf.param_view(i).copy_(out[r, off : off + n].view_as(buf.param_view(i)))
                 off += n
-
-    def planned_load(self) -> float:
-        """This rank's planned optimizer compute (cost-model units), for measured-vs-planned."""
-        from canzona.plan.metrics import compute_metrics
-
-        return float(compute_metrics(self.plan, with_comm=False).compute[self.ctx.dp_rank, self.ctx.tp_rank])

@@ -1,0 +1,279 @@
+"""Load a sweep's trial records (canzona/records.py) into pandas tables.
+
+A sweep folder ``results/<sweep>/`` holds one subfolder per trial; a subfolder is a trial when
+it has at least ``config.yaml`` or ``status.json``. Any record may be missing or the trial may
+have failed: loading never raises for a bad trial, it notes what is missing instead.
+
+Tables (all plain pandas, nothing upstream is imported except the pure model inventory for the
+parameter count):
+
+- ``trials``: one row per trial -- ``trial_id``, ``status``, ``error``, ``missing`` (record files
+  absent), every config value flattened (``parallel.dp``, ``canzona.alpha``, ...), provenance
+  (``host``, ``device``, ``backend``, ``git``, ``torch``, ...), planned loads and imbalance.
+- ``steps``: one row per trial x rank x step, the `STEP_FIELDS` of steps.jsonl (warm-up
+  included, ``measured`` says which) plus ``trial_id``.
+- ``events``: kept per trial in ``Sweep.events`` (trial_id -> list of step records with events),
+  only for the timelines and traces.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from canzona.records import STEP_FIELDS
+
+RECORD_FILES = ("config.yaml", "status.json", "summary.json", "steps.jsonl")
+STATUSES = ("done", "failed", "running", "incomplete", "unknown")
+
+
+class SweepError(ValueError):
+    """The sweep folder is unusable (missing, or no trials); the message is one line."""
+
+
+@dataclass
+class Trial:
+    trial_id: str
+    path: Path
+    config: dict[str, Any] = field(default_factory=dict)
+    status: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # unreadable files
+
+    @property
+    def state(self) -> str:
+        """done / failed / running from status.json, else inferred from the records present."""
+        s = self.status.get("status")
+        if s in ("done", "failed", "running"):
+            return s
+        if self.summary or self.steps:
+            return "done" if self.summary and self.steps else "incomplete"
+        return "unknown"
+
+    @property
+    def has_trace(self) -> bool:
+        return (self.path / "trace.json").is_file()
+
+
+@dataclass
+class Sweep:
+    path: Path
+    trials: list[Trial]
+    sweep_config: str | None  # text of results/<sweep>/sweep.yaml, if any
+    trials_df: pd.DataFrame
+    steps_df: pd.DataFrame
+    config_columns: list[str] = field(default_factory=list)  # flattened config keys, in order
+
+    def trial(self, trial_id: str) -> Trial:
+        for t in self.trials:
+            if t.trial_id == trial_id:
+                return t
+        raise KeyError(trial_id)
+
+
+def is_trial_dir(p: Path) -> bool:
+    return p.is_dir() and ((p / "config.yaml").is_file() or (p / "status.json").is_file())
+
+
+def _read(path: Path, kind: str, trial: Trial) -> Any:
+    if not path.is_file():
+        trial.missing.append(path.name)
+        return None
+    try:
+        if kind == "yaml":
+            return yaml.safe_load(path.read_text()) or {}
+        if kind == "json":
+            return json.loads(path.read_text())
+        rows = []
+        with open(path) as f:
+            for i, line in enumerate(f):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    trial.problems.append(f"{path.name}: line {i + 1} is not JSON (skipped)")
+        return rows
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        trial.problems.append(f"{path.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return None
+
+
+def load_trial(path: Path) -> Trial:
+    t = Trial(trial_id=path.name, path=path)
+    t.config = _read(path / "config.yaml", "yaml", t) or {}
+    t.status = _read(path / "status.json", "json", t) or {}
+    t.summary = _read(path / "summary.json", "json", t) or {}
+    t.steps = _read(path / "steps.jsonl", "jsonl", t) or []
+    if not t.config and isinstance(t.summary.get("config"), dict):
+        t.config = t.summary["config"]
+    for obj, name in ((t.config, "config.yaml"), (t.status, "status.json"), (t.summary, "summary.json")):
+        if not isinstance(obj, dict):
+            t.problems.append(f"{name}: not a mapping (ignored)")
+    t.config = t.config if isinstance(t.config, dict) else {}
+    t.status = t.status if isinstance(t.status, dict) else {}
+    t.summary = t.summary if isinstance(t.summary, dict) else {}
+    t.steps = [s for s in t.steps if isinstance(s, dict)]
+    return t
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> {"a.b": value}; lists become JSON text so every value fits one CSV cell."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, (list, tuple)):
+            out[key] = json.dumps(list(v))
+        else:
+            out[key] = v
+    return out
+
+
+def model_label(cfg: dict[str, Any]) -> str:
+    """qwen3-0.6b, or qwen3-0.6b/w8l4 for a scaled-down variant (as canzona.inventory names it)."""
+    m = cfg.get("model") or {}
+    name = str(m.get("name", "?"))
+    div = m.get("width_div") or 1
+    layers = m.get("num_layers")
+    try:
+        from canzona.inventory import model_config
+
+        return model_config(name, div, layers).name
+    except Exception:
+        if div == 1 and layers is None:
+            return name
+        return f"{name}/w{div}l{layers if layers is not None else 'all'}"
+
+
+def model_params(cfg: dict[str, Any]) -> float:
+    """Total parameter count of the trial's model (pure inventory), NaN when it can't be known."""
+    m = cfg.get("model") or {}
+    try:
+        from canzona.inventory import build_inventory, model_config, total_params
+
+        mc = model_config(m.get("name", ""), m.get("width_div") or 1, m.get("num_layers"))
+        return float(total_params(build_inventory(mc)))
+    except Exception:  # unknown model, or the inventory moved: the plots fall back to names
+        return math.nan
+
+
+def _first(*vals: Any) -> Any:
+    for v in vals:
+        if v is not None:
+            return v
+    return None
+
+
+def _trial_row(t: Trial) -> dict[str, Any]:
+    s = t.summary
+    world = s.get("world") or {}
+    versions = s.get("versions") or {}
+    plan = s.get("plan") or {}
+    cfg = t.config
+    row: dict[str, Any] = {
+        "trial_id": t.trial_id,
+        "status": t.state,
+        "error": t.status.get("error") or ("; ".join(t.problems) if t.problems else None),
+        "missing": ", ".join(t.missing),
+        "has_events": any(bool(x.get("events")) for x in t.steps if x.get("measured")),
+        "job_id": t.status.get("job_id"),
+        "started": t.status.get("started"),
+        "ended": t.status.get("ended"),
+        "model": model_label(cfg) if cfg else None,
+        "model_params": model_params(cfg) if cfg else math.nan,
+        "host": s.get("host"),
+        "device": world.get("device"),
+        "backend": world.get("backend"),
+        "world_size": world.get("world_size"),
+        "git": versions.get("git"),
+        "torch": versions.get("torch"),
+        "megatron_core": versions.get("megatron_core"),
+        "python": versions.get("python"),
+        "plan_seconds": plan.get("plan_seconds"),
+        "plan_imbalance_compute": (plan.get("imbalance") or {}).get("compute"),
+        "plan_imbalance_memory": (plan.get("imbalance") or {}).get("memory"),
+        "peak_memory_mb_max": max(s["peak_memory_mb"]) if isinstance(s.get("peak_memory_mb"), list) and s["peak_memory_mb"] else None,
+    }
+    for k in ("iteration_ms_median", "iteration_ms_p10", "iteration_ms_p90", "optimizer_step_ms_median",
+              "optimizer_step_ms_p10", "optimizer_step_ms_p90", "param_sync_ms_median"):
+        row[f"summary.{k}"] = s.get(k)
+    # config values as columns; summary.config fills any gaps
+    flat = flatten(s.get("config") or {})
+    flat.update(flatten(cfg))
+    for k, v in flat.items():
+        row[k] = v
+    # defaults the tables group by, so a trial without config still has the columns
+    row.setdefault("method", None)
+    row.setdefault("optimizer.name", None)
+    row["parallel.dp"] = _first(row.get("parallel.dp"), world.get("dp"))
+    row["parallel.tp"] = _first(row.get("parallel.tp"), world.get("tp"))
+    return row
+
+
+def planned_loads(t: Trial) -> pd.DataFrame:
+    """Planned optimizer compute per rank: summary.json plan.ranks[*].compute, else the
+    steps' ``compute_load``. Columns rank, dp_rank, tp_rank, planned."""
+    ranks = (t.summary.get("plan") or {}).get("ranks")
+    tp = (t.config.get("parallel") or {}).get("tp") or (t.summary.get("world") or {}).get("tp") or 1
+    rows = []
+    if isinstance(ranks, list) and ranks:
+        for i, r in enumerate(ranks):
+            d, k = r.get("dp_rank"), r.get("tp_rank")
+            rank = d * tp + k if d is not None and k is not None else i  # TP ranks contiguous
+            rows.append({"rank": rank, "dp_rank": d, "tp_rank": k, "planned": r.get("compute")})
+    elif t.steps:
+        seen: dict[int, dict[str, Any]] = {}
+        for s in t.steps:
+            if s.get("compute_load") is not None and s.get("rank") is not None:
+                seen.setdefault(s["rank"], {"rank": s["rank"], "dp_rank": s.get("dp_rank"),
+                                            "tp_rank": s.get("tp_rank"), "planned": s["compute_load"]})
+        rows = list(seen.values())
+    return pd.DataFrame(rows, columns=["rank", "dp_rank", "tp_rank", "planned"])
+
+
+def load_sweep(sweep_dir: str | Path) -> Sweep:
+    """Read every trial of a sweep. Raise SweepError if the folder is missing or has no trials."""
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        raise SweepError(f"sweep folder {str(root)!r} does not exist")
+    dirs = sorted(p for p in root.iterdir() if is_trial_dir(p))
+    if not dirs:
+        raise SweepError(f"no trials in {str(root)!r} (no subfolder holds config.yaml or status.json)")
+    trials = [load_trial(p) for p in dirs]
+    trials_df = pd.DataFrame([_trial_row(t) for t in trials])
+    step_rows = []
+    for t in trials:
+        for s in t.steps:
+            row = {"trial_id": t.trial_id}
+            row.update({k: s.get(k) for k in STEP_FIELDS})
+            step_rows.append(row)
+    steps_df = pd.DataFrame(step_rows, columns=["trial_id", *STEP_FIELDS])
+    if not steps_df.empty:
+        steps_df["measured"] = steps_df["measured"].fillna(False).astype(bool)
+        for c in STEP_FIELDS:
+            if c.endswith("_ms") or c in ("compute_load", "loss"):
+                steps_df[c] = pd.to_numeric(steps_df[c], errors="coerce")
+    config_columns: list[str] = []
+    for t in trials:
+        for k in flatten(t.config or t.summary.get("config") or {}):
+            if k not in config_columns:
+                config_columns.append(k)
+    sweep_yaml = root / "sweep.yaml"
+    return Sweep(
+        path=root,
+        trials=trials,
+        sweep_config=sweep_yaml.read_text() if sweep_yaml.is_file() else None,
+        trials_df=trials_df,
+        steps_df=steps_df,
+        config_columns=config_columns,
+    )

@@ -1,0 +1,301 @@
+"""``python -m analysis.report results/<sweep> [--out DIR]``: (re)build a sweep's HTML report.
+
+Reads only the trial records under the sweep folder (canzona/records.py) and writes, into
+``DIR`` (default ``results/<sweep>/report/``):
+
+- ``index.html``   self-contained report (plots inlined as SVG data URIs);
+- ``trials.csv``   one row per trial: status, error, missing records, every config value
+  (``parallel.dp``...), medians/p10/p90, imbalance;
+- ``steps.csv``    one row per trial x rank x step (warm-up included, ``measured`` flag);
+- ``latencies.csv`` per point x method: pooled medians/p10/p90 and trial counts;
+- ``speedups.csv`` speedups over sync/layerwise and overhead over adamw with 90% CIs;
+- ``phases.csv``, ``rank_loads.csv``; ``*.parquet`` of trials and steps if pyarrow imports;
+- ``traces/<trial_id>.json`` Chrome traces (Perfetto), linked from the report.
+
+Prints the report's path as its last line. Exit 2 with a one-line error when the folder does
+not exist or holds no trials. The sweep launcher calls `build_report(sweep_dir) -> Path`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as _dt
+import html
+import importlib.metadata
+import math
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+
+from analysis import plots, stats, timeline
+from analysis.load import Sweep, SweepError, load_sweep
+from canzona.records import atomic_write_text
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO / "reports" / "templates"
+TEMPLATE = "report.html.j2"
+STEP_CONFIG_COLUMNS = ("method", "model", "optimizer.name", "parallel.dp", "parallel.tp", "train.seed")
+
+
+# ---------------------------------------------------------------------------- formatting
+
+
+def fmt(v: Any, digits: int = 2) -> str:
+    """The one number format of the report (tests format CSV values with it to compare)."""
+    if v is None:
+        return "–"
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if math.isnan(f):
+        return "–"
+    return f"{f:,.{digits}f}"
+
+
+def _num(v: Any) -> str:
+    """Full-precision value for a data-value attribute (round-trips through float())."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return ""
+    return "" if math.isnan(f) else repr(f)
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: _clean(v) for k, v in r.items()} for r in df.to_dict("records")]
+
+
+def _data_uri(svg: str | None) -> str | None:
+    if svg is None:
+        return None
+    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
+
+
+def _version(pkg: str) -> str:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _git_head() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+def _headline_rows(speedups: pd.DataFrame, groups: pd.DataFrame, pcols: list[str]) -> list[dict[str, Any]]:
+    """One row per canzona group: its latencies and, per comparison x metric, the list of
+    ratio cells (one per baseline variant)."""
+    rows = []
+    if speedups.empty:
+        return rows
+    for key, d in speedups.groupby([*pcols, "canzona_variant"], dropna=False, sort=False):
+        point = dict(zip([*pcols, "canzona_variant"], key))
+        g = groups[(groups["method"] == "canzona") & (groups["variant"] == point["canzona_variant"])]
+        for c in pcols:
+            g = g[stats._eq(g[c], point[c])]
+        cells: dict[str, list[dict[str, Any]]] = {}
+        for _, r in d.iterrows():
+            cells.setdefault(f"{r['baseline']}|{r['metric']}", []).append(_clean_row(r))
+        ns = {b: int(d.loc[d["baseline"] == b, "n_trials_baseline"].max()) for b in d["baseline"].unique()}
+        rows.append({"point": {k: _clean(v) for k, v in point.items()}, "cells": cells, "n": ns,
+                     "canzona": _clean_row(g.iloc[0]) if len(g) else None})
+    return rows
+
+
+def _clean_row(r: pd.Series) -> dict[str, Any]:
+    return {k: _clean(v) for k, v in r.items()}
+
+
+def _problems(sweep: Sweep, trials: pd.DataFrame) -> list[dict[str, Any]]:
+    out = []
+    for t, (_, row) in zip(sweep.trials, trials.iterrows()):
+        if row["status"] == "done" and not row["missing"] and not t.problems and row["source"] == "steps":
+            continue
+        what = []
+        if row["missing"]:
+            what.append(f"missing: {row['missing']}")
+        if t.problems:
+            what.extend(t.problems)
+        if row["status"] == "done" and row["source"] == "summary":
+            what.append("no measured steps: summary.json values shown, excluded from speedups")
+        elif row["status"] == "done" and not row["source"]:
+            what.append("no usable timings")
+        out.append({"trial_id": t.trial_id, "status": row["status"], "method": _clean(row.get("method")),
+                    "model": _clean(row.get("model")), "error": _clean(t.status.get("error")), "notes": "; ".join(what)})
+    return out
+
+
+# ---------------------------------------------------------------------------- build
+
+
+def build_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Build the report of `sweep_dir` into `out` (default ``<sweep_dir>/report``); return the
+    path of index.html. Raises SweepError if the folder is missing or has no trials."""
+    sweep = load_sweep(sweep_dir)
+    out_dir = Path(out) if out is not None else sweep.path / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    per_step = stats.step_values(sweep.steps_df)
+    trials = stats.trial_table(sweep, per_step)
+    pcols: list[str] = trials.attrs["point_columns"]
+    groups = stats.group_table(trials, per_step)
+    speedups = stats.speedup_table(trials, per_step)
+    phases = stats.phase_table(trials, per_step)
+    point, chosen = stats.showcase(trials)
+
+    # ids that tie the HTML cells to CSV rows
+    groups.insert(0, "id", [f"g{i:04d}" for i in range(len(groups))])
+    speedups.insert(0, "id", [f"s{i:04d}" for i in range(len(speedups))])
+
+    # per-rank loads of every trial with steps or a plan
+    loads_all = []
+    for t in sweep.trials:
+        ld = stats.rank_loads(sweep, t.trial_id)
+        if not ld.empty:
+            loads_all.append(ld.assign(trial_id=t.trial_id))
+    rank_loads = pd.concat(loads_all, ignore_index=True) if loads_all else pd.DataFrame(
+        columns=["trial_id", "rank", "dp_rank", "tp_rank", "planned", "measured_ms", "planned_rel", "measured_rel"])
+    rank_loads = rank_loads[["trial_id", *[c for c in rank_loads.columns if c != "trial_id"]]]
+
+    # CSV (and parquet) exports
+    steps_out = sweep.steps_df
+    meta_cols = [c for c in STEP_CONFIG_COLUMNS if c in trials]
+    steps_out = steps_out.merge(trials[["trial_id", *meta_cols]], on="trial_id", how="left")
+    trials_out = trials.drop(columns=["usable"])
+    trials_out.to_csv(out_dir / "trials.csv", index=False)
+    steps_out.to_csv(out_dir / "steps.csv", index=False)
+    speedups.to_csv(out_dir / "speedups.csv", index=False)
+    groups.to_csv(out_dir / "latencies.csv", index=False)
+    phases.to_csv(out_dir / "phases.csv", index=False)
+    rank_loads.to_csv(out_dir / "rank_loads.csv", index=False)
+    try:
+        import pyarrow  # noqa: F401
+
+        trials_out.astype({c: str for c in trials_out.columns if trials_out[c].dtype == object}).to_parquet(out_dir / "trials.parquet")
+        steps_out.to_parquet(out_dir / "steps.parquet")
+    except ImportError:
+        pass
+    except Exception as e:  # parquet is a convenience: never fail the report over it
+        print(f"warning: parquet export skipped: {type(e).__name__}: {e}", file=sys.stderr)
+
+    # traces
+    traces: dict[str, str] = {}
+    for t in sweep.trials:
+        rel = f"traces/{t.trial_id}.json"
+        if timeline.write_trace(t, out_dir / rel):
+            traces[t.trial_id] = rel
+
+    # per-rank views of the showcase point
+    loads = {m: stats.rank_loads(sweep, tid) for m, tid in chosen.items()}
+    timelines: dict[str, tuple[list[dict[str, Any]], str]] = {}
+    gantt_info = []
+    for m, tid in chosen.items():
+        tr = sweep.trial(tid)
+        step = timeline.representative_step(tr)
+        if step is None:
+            gantt_info.append({"method": m, "trial_id": tid, "step": None})
+            continue
+        evs, opt_only = timeline.step_events(tr, step)
+        what = "optimizer step" if opt_only else "whole iteration (no optimizer events recorded)"
+        timelines[m] = (evs, f"{m} — {tid}, step {step} ({what})")
+        gantt_info.append({"method": m, "trial_id": tid, "step": step})
+    show_phases = phases[phases["trial_id"].isin(list(chosen.values()))]
+    show_phases_tbl = show_phases.groupby("method")[[*stats.PHASES, "other", "iteration_ms"]].mean()
+    show_phases_tbl = show_phases_tbl.reindex(stats.method_order(show_phases_tbl.index)).reset_index()
+
+    figures = {
+        "latency": _data_uri(plots.latency_vs_size(groups, pcols)),
+        "speedup": _data_uri(plots.speedup_bars(speedups, pcols)),
+        "loads": _data_uri(plots.rank_load_bars(loads, chosen)),
+        "phases": _data_uri(plots.phase_stack(show_phases)),
+        "gantt": _data_uri(plots.gantt(timelines)),
+    }
+
+    # provenance
+    ok_sum = [t.summary for t in sweep.trials if t.summary]
+    prov = {
+        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "sweep_path": str(sweep.path.resolve()),
+        "command": "python -m analysis.report " + html.escape(str(sweep_dir)),
+        "git_records": sorted({str(s.get("versions", {}).get("git")) for s in ok_sum if s.get("versions", {}).get("git")}),
+        "git_analysis": _git_head(),
+        "versions": sorted({tuple(sorted((k, str(v)) for k, v in (s.get("versions") or {}).items() if k != "git"))
+                            for s in ok_sum if s.get("versions")}),
+        "hosts": sorted({str(s.get("host")) for s in ok_sum if s.get("host")}),
+        "devices": sorted({f"{(s.get('world') or {}).get('device')} / {(s.get('world') or {}).get('backend')}"
+                           for s in ok_sum if s.get("world")}),
+        "analysis_versions": {"python": platform.python_version(), **{p: _version(p) for p in ("pandas", "numpy", "matplotlib", "seaborn", "jinja2")}},
+        "sweep_config": sweep.sweep_config,
+    }
+    status_counts = trials["status"].value_counts().reindex(["done", "failed", "running", "incomplete", "unknown"]).dropna()
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html", "j2"]),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["fmt"] = fmt
+    env.filters["num"] = _num
+    html_text = env.get_template(TEMPLATE).render(
+        sweep_name=sweep.path.resolve().name,
+        pcols=pcols,
+        extra_pcols=[c for c in pcols if c not in stats.POINT_BASE],
+        headline=_headline_rows(speedups, groups, pcols),
+        groups=_records(groups),
+        trials=_records(trials),
+        problems=_problems(sweep, trials),
+        figures=figures,
+        showcase_point={k: _clean(v) for k, v in point.items()},
+        chosen=chosen,
+        gantt_info=gantt_info,
+        load_rows={m: _records(d) for m, d in loads.items()},
+        phases_tbl=_records(show_phases_tbl),
+        phase_names=[*stats.PHASES, "other"],
+        traces=traces,
+        prov=prov,
+        status_counts={str(k): int(v) for k, v in status_counts.items()},
+        n_trials=len(trials),
+        methods_present=stats.method_order(trials["method"].dropna().unique()),
+        ci=f"{int(stats.CI[1] - stats.CI[0])}%",
+        n_boot=stats.N_BOOT,
+    )
+    index = out_dir / "index.html"
+    atomic_write_text(index, html_text)
+    for f in [index, *(out_dir / rel for rel in traces.values())]:
+        f.chmod(0o644)  # atomic writes come out 0600; the report is meant to be shared
+    return index
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.report", description="Build the HTML report of a sweep.")
+    ap.add_argument("sweep_dir", help="results/<sweep>")
+    ap.add_argument("--out", default=None, help="output folder (default: <sweep_dir>/report)")
+    args = ap.parse_args(argv)
+    try:
+        path = build_report(args.sweep_dir, args.out)
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

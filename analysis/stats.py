@@ -1,0 +1,382 @@
+"""Aggregations over a loaded sweep (DESIGN.md §6).
+
+Definitions used everywhere (and stated in the report):
+
+- A **step's value** of ``iteration_ms`` / ``optimizer_step_ms`` / ``param_sync_ms`` is the max
+  over ranks of that step (the critical rank); only measured steps count (warm-up dropped).
+- A **trial's** median / p10 / p90 are taken over its step values (numpy linear percentiles).
+- A **group** is every trial of one method (and method variant) at one point; its median /
+  p10 / p90 pool the step values of its trials.
+- A **point** is (model, optimizer, dp, tp) plus any other config value that varies in the
+  sweep and is not method-specific (``canzona.*``, ``dist.dp_collective``, ``dist.sync_variant``
+  make a method's *variant* instead); the seed and output paths never split points.
+- **Speedup** of canzona over a baseline = baseline group median / canzona group median;
+  **overhead** over adamw = canzona median / adamw median (adamw matched on model and layout,
+  whatever its optimizer name). The interval is a 90% percentile interval of a two-level
+  bootstrap (resample trials, then steps within each trial; 2000 resamples, fixed seed).
+- **Imbalance** (planned and measured) = max over ranks ÷ mean over ranks of the per-rank load:
+  planned = summary.json ``plan.ranks[*].compute`` (or the steps' ``compute_load``), measured =
+  the per-rank median over measured steps of ``compute_ms``. The planner's own
+  ``plan.imbalance.compute`` (DESIGN.md §2: against work counted once) is reported beside it.
+- **Phases**: per step the mean over ranks of each phase's milliseconds, then the median over
+  steps; ``other`` is what of ``iteration_ms`` the phases leave unexplained (never negative).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import Sweep, planned_loads
+
+METHODS = ("canzona", "sync", "layerwise", "adamw")
+BASELINES = ("sync", "layerwise")
+METRICS = ("iteration_ms", "optimizer_step_ms")
+PHASES = ("forward", "backward", "grad_reduce", "gather", "compute", "scatter", "apply", "wait", "param_sync")
+POINT_BASE = ("model", "optimizer.name", "parallel.dp", "parallel.tp")
+# config values that never split a point: identity, seeds, paths, test hooks, model (in `model`)
+NOT_POINT = {
+    "method", "out", "save_params", "train.seed", "train.fail_on_rank", "train.fail_at_step",
+    "model.name", "model.width_div", "model.num_layers", "dist.timeout_s",
+}
+METHOD_SPECIFIC = {
+    "canzona": lambda c: c.startswith("canzona.") or c == "dist.dp_collective",
+    "sync": lambda c: c == "dist.sync_variant",
+}
+N_BOOT = 2000
+CI = (5.0, 95.0)
+
+
+def _pct(values: Iterable[float]) -> tuple[float, float, float]:
+    a = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
+    if a.size == 0:
+        return (math.nan, math.nan, math.nan)
+    return tuple(float(x) for x in np.percentile(a, [50, 10, 90]))  # type: ignore[return-value]
+
+
+def _is_method_specific(col: str) -> bool:
+    return any(f(col) for f in METHOD_SPECIFIC.values())
+
+
+# ---------------------------------------------------------------------------- per step
+
+
+def step_values(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per trial x measured step: max over ranks of the step metrics, mean over ranks
+    of each phase (``<phase>_ms``) and ``other_ms``, and ``n_ranks``."""
+    cols = ["trial_id", "step", "n_ranks", "iteration_ms", "optimizer_step_ms", "param_sync_ms"]
+    cols += [f"{p}_ms_mean" for p in PHASES] + ["other_ms_mean"]
+    if steps.empty:
+        return pd.DataFrame(columns=cols)
+    m = steps[steps["measured"]].copy()
+    if m.empty:
+        return pd.DataFrame(columns=cols)
+    phase_cols = [f"{p}_ms" for p in PHASES]
+    m["other_ms"] = (m["iteration_ms"] - m[phase_cols].fillna(0).sum(axis=1)).clip(lower=0)
+    g = m.groupby(["trial_id", "step"], sort=True)
+    out = g.agg(
+        n_ranks=("rank", "nunique"),
+        iteration_ms=("iteration_ms", "max"),
+        optimizer_step_ms=("optimizer_step_ms", "max"),
+        param_sync_ms=("param_sync_ms", "max"),
+    )
+    means = g[[*phase_cols, "other_ms"]].mean().add_suffix("_mean")
+    return out.join(means).reset_index()[cols]
+
+
+# ---------------------------------------------------------------------------- per trial
+
+
+def rank_loads(sweep: Sweep, trial_id: str) -> pd.DataFrame:
+    """Per rank of one trial: planned load, measured median compute_ms, each as a share of
+    the mean over ranks. Columns rank, dp_rank, tp_rank, planned, measured_ms, planned_rel,
+    measured_rel."""
+    t = sweep.trial(trial_id)
+    planned = planned_loads(t)
+    s = sweep.steps_df
+    s = s[(s["trial_id"] == trial_id) & s["measured"]] if not s.empty else s
+    if not s.empty:
+        meas = s.groupby("rank").agg(measured_ms=("compute_ms", "median"), dp_m=("dp_rank", "first"),
+                                     tp_m=("tp_rank", "first")).reset_index()
+    else:
+        meas = pd.DataFrame(columns=["rank", "measured_ms", "dp_m", "tp_m"])
+    df = planned.merge(meas, on="rank", how="outer").sort_values("rank").reset_index(drop=True)
+    df["dp_rank"] = df["dp_rank"].fillna(df["dp_m"])
+    df["tp_rank"] = df["tp_rank"].fillna(df["tp_m"])
+    df = df.drop(columns=["dp_m", "tp_m"])
+    for c in ("planned", "measured_ms"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    for c, rel in (("planned", "planned_rel"), ("measured_ms", "measured_rel")):
+        mean = df[c].mean()
+        df[rel] = df[c] / mean if mean and not math.isnan(mean) else math.nan
+    return df
+
+
+def imbalance(values: pd.Series) -> float:
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if v.empty or v.mean() <= 0:
+        return math.nan
+    return float(v.max() / v.mean())
+
+
+def trial_table(sweep: Sweep, per_step: pd.DataFrame | None = None) -> pd.DataFrame:
+    """sweep.trials_df plus, per trial: n_ranks, n_steps (measured), median/p10/p90 of
+    iteration_ms and optimizer_step_ms, param_sync_ms_median (from steps.jsonl; summary.json's
+    values when there are no steps, ``source`` says which), planned and measured imbalance."""
+    per_step = step_values(sweep.steps_df) if per_step is None else per_step
+    rows = []
+    for t in sweep.trials:
+        ps = per_step[per_step["trial_id"] == t.trial_id]
+        r: dict[str, object] = {"trial_id": t.trial_id, "n_steps": int(len(ps)),
+                                "n_ranks": int(ps["n_ranks"].max()) if len(ps) else 0}
+        if len(ps):
+            r["source"] = "steps"
+            for m in METRICS:
+                r[f"{m}_median"], r[f"{m}_p10"], r[f"{m}_p90"] = _pct(ps[m])
+            r["param_sync_ms_median"] = _pct(ps["param_sync_ms"])[0]
+        elif any(t.summary.get(f"{m}_median") is not None for m in METRICS):
+            r["source"] = "summary"
+            for m in METRICS:
+                for q in ("median", "p10", "p90"):
+                    v = t.summary.get(f"{m}_{q}")
+                    r[f"{m}_{q}"] = float(v) if v is not None else math.nan
+            v = t.summary.get("param_sync_ms_median")
+            r["param_sync_ms_median"] = float(v) if v is not None else math.nan
+        else:
+            r["source"] = None
+        loads = rank_loads(sweep, t.trial_id)
+        r["planned_imbalance"] = imbalance(loads["planned"])
+        r["measured_imbalance"] = imbalance(loads["measured_ms"])
+        rows.append(r)
+    stats = pd.DataFrame(rows)
+    for m in METRICS:
+        for q in ("median", "p10", "p90"):
+            if f"{m}_{q}" not in stats:
+                stats[f"{m}_{q}"] = math.nan
+    if "param_sync_ms_median" not in stats:
+        stats["param_sync_ms_median"] = math.nan
+    df = sweep.trials_df.merge(stats, on="trial_id", how="left")
+    df["usable"] = df["source"].notna()
+    extra = point_extra_columns(df, sweep.config_columns)
+    df["variant"] = df.apply(lambda row: _variant(row, df, sweep.config_columns), axis=1)
+    df.attrs["point_columns"] = [*POINT_BASE, *extra]
+    return df
+
+
+def point_extra_columns(trials: pd.DataFrame, config_columns: list[str]) -> list[str]:
+    """Config columns beyond POINT_BASE that vary among usable trials and split points."""
+    usable = trials[trials["source"].notna()] if "source" in trials else trials
+    out = []
+    for c in config_columns:
+        if c in NOT_POINT or c in POINT_BASE or _is_method_specific(c) or c not in usable:
+            continue
+        if usable[c].astype(str).nunique(dropna=False) > 1:
+            out.append(c)
+    return out
+
+
+def _variant(row: pd.Series, trials: pd.DataFrame, config_columns: list[str]) -> str:
+    method = row.get("method")
+    pred = METHOD_SPECIFIC.get(str(method))
+    if pred is None:
+        return ""
+    same = trials[(trials["method"] == method) & trials["usable"]]
+    parts = []
+    for c in config_columns:
+        if pred(c) and c in same and same[c].astype(str).nunique(dropna=False) > 1:
+            parts.append(f"{c.split('.', 1)[-1]}={row.get(c)}")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------- groups
+
+
+def _key(row: pd.Series, cols: list[str]) -> tuple:
+    return tuple(None if (isinstance(row[c], float) and math.isnan(row[c])) else row[c] for c in cols)
+
+
+def group_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
+    """Per point x method x variant (usable trials with measured steps): n_trials, n_steps,
+    pooled median/p10/p90 of iteration_ms and optimizer_step_ms, mean model_params."""
+    pcols = trials.attrs["point_columns"]
+    ok = trials[trials["source"] == "steps"]
+    rows = []
+    if ok.empty:
+        return pd.DataFrame(columns=[*pcols, "method", "variant", "n_trials", "n_steps"])
+    for key, g in ok.groupby([*pcols, "method", "variant"], dropna=False, sort=True):
+        ps = per_step[per_step["trial_id"].isin(g["trial_id"])]
+        r = dict(zip([*pcols, "method", "variant"], key))
+        r.update(n_trials=len(g), n_steps=len(ps), model_params=g["model_params"].mean(),
+                 trial_ids=" ".join(g["trial_id"]))
+        for m in METRICS:
+            r[f"{m}_median"], r[f"{m}_p10"], r[f"{m}_p90"] = _pct(ps[m])
+        rows.append(r)
+    return _sorted(pd.DataFrame(rows), trials, pcols)
+
+
+def _sorted(df: pd.DataFrame, trials: pd.DataFrame, pcols: list[str]) -> pd.DataFrame:
+    """Order rows by model size, layout, other point values, then method (canzona first)."""
+    if df.empty:
+        return df
+    size = trials.groupby("model")["model_params"].max().to_dict()
+    key = pd.DataFrame({"_size": df["model"].map(size).fillna(float("inf")), "_model": df["model"].astype(str),
+                        "_dp": df["parallel.dp"], "_tp": df["parallel.tp"]}, index=df.index)
+    for i, c in enumerate(p for p in pcols if p not in POINT_BASE):
+        key[f"_x{i}"] = df[c].astype(str)
+    if "method" in df:
+        key["_method"] = df["method"].map(lambda m: METHODS.index(m) if m in METHODS else len(METHODS))
+    key["_opt"] = df["optimizer.name"].astype(str)
+    order = key.sort_values(list(key.columns), kind="stable").index
+    return df.loc[order].reset_index(drop=True)
+
+
+def _samples(per_step: pd.DataFrame, trial_ids: Iterable[str], metric: str) -> list[np.ndarray]:
+    out = []
+    for tid in trial_ids:
+        v = per_step.loc[per_step["trial_id"] == tid, metric].dropna().to_numpy(dtype=float)
+        if v.size:
+            out.append(v)
+    return out
+
+
+def _boot_medians(trials: list[np.ndarray], rng: np.random.Generator, n: int) -> np.ndarray:
+    """Two-level bootstrap: n resamples of (trials with replacement, then steps within each
+    picked trial with replacement, as many as it has), the median of each resample."""
+    k = len(trials)
+    sizes = np.array([a.size for a in trials])
+    smax = int(sizes.max())
+    table = np.full((k, smax), np.nan)
+    for i, a in enumerate(trials):
+        table[i, : a.size] = a
+    pick = rng.integers(0, k, size=(n, k))  # trials
+    size = sizes[pick][:, :, None]  # (n, k, 1)
+    idx = np.floor(rng.random((n, k, smax)) * size).astype(int)  # steps within each trial
+    vals = table[pick[:, :, None], idx]
+    vals[np.broadcast_to(np.arange(smax) >= size, vals.shape)] = np.nan  # a trial gives its own count
+    vals = vals.reshape(n, k * smax)
+    return np.nanmedian(vals, axis=1) if (sizes != smax).any() else np.median(vals, axis=1)
+
+
+def ratio_with_ci(num: list[np.ndarray], den: list[np.ndarray], seed: int = 0, n: int = N_BOOT) -> tuple[float, float, float]:
+    """median(num) / median(den) with a 90% two-level bootstrap percentile interval."""
+    if not num or not den:
+        return (math.nan, math.nan, math.nan)
+    value = float(np.median(np.concatenate(num)) / np.median(np.concatenate(den)))
+    rng = np.random.default_rng(seed)
+    r = _boot_medians(num, rng, n) / _boot_medians(den, rng, n)
+    lo, hi = np.percentile(r, CI)
+    return value, float(lo), float(hi)
+
+
+def speedup_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
+    """Rows: canzona group x comparison (vs sync, vs layerwise: speedup; vs adamw: overhead)
+    x metric. Columns: point columns, canzona_variant, comparison, baseline, baseline_variant,
+    metric, kind, value, ci_low, ci_high, canzona_median, baseline_median, n_trials_canzona,
+    n_trials_baseline, n_steps_canzona, n_steps_baseline."""
+    pcols = trials.attrs["point_columns"]
+    ok = trials[trials["source"] == "steps"]
+    cols = [*pcols, "canzona_variant", "comparison", "baseline", "baseline_variant", "metric", "kind",
+            "value", "ci_low", "ci_high", "canzona_median", "baseline_median", "n_trials_canzona",
+            "n_trials_baseline", "n_steps_canzona", "n_steps_baseline"]
+    rows = []
+    can = ok[ok["method"] == "canzona"]
+    no_opt = [c for c in pcols if not c.startswith("optimizer.")]
+    for key, cg in can.groupby([*pcols, "variant"], dropna=False, sort=True):
+        point = dict(zip(pcols, key[:-1]))
+        cmp: list[tuple[str, str, str, pd.DataFrame]] = []
+        for b in BASELINES:
+            bg_all = _at_point(ok[ok["method"] == b], point, pcols)
+            for bv, bg in bg_all.groupby("variant", dropna=False, sort=True):
+                cmp.append((f"canzona vs {b}", b, str(bv), bg))
+        ag = _at_point(ok[ok["method"] == "adamw"], point, no_opt)
+        if len(ag):
+            cmp.append(("canzona overhead vs adamw", "adamw", "", ag))
+        for comparison, b, bv, bg in cmp:
+            for m in METRICS:
+                cs = _samples(per_step, cg["trial_id"], m)
+                bs = _samples(per_step, bg["trial_id"], m)
+                if b == "adamw":
+                    value, lo, hi = ratio_with_ci(cs, bs)
+                    kind = "overhead"
+                else:
+                    value, lo, hi = ratio_with_ci(bs, cs)
+                    kind = "speedup"
+                r = dict(point)
+                r.update(canzona_variant=key[-1], comparison=comparison, baseline=b, baseline_variant=bv,
+                         metric=m, kind=kind, value=value, ci_low=lo, ci_high=hi,
+                         canzona_median=float(np.median(np.concatenate(cs))) if cs else math.nan,
+                         baseline_median=float(np.median(np.concatenate(bs))) if bs else math.nan,
+                         n_trials_canzona=len(cs), n_trials_baseline=len(bs),
+                         n_steps_canzona=int(sum(a.size for a in cs)), n_steps_baseline=int(sum(a.size for a in bs)))
+                rows.append(r)
+    return _sorted(pd.DataFrame(rows, columns=cols), trials, pcols)
+
+
+def _eq(series: pd.Series, value: object) -> pd.Series:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return series.isna()
+    return series == value
+
+
+def phase_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
+    """Per trial with steps: median over measured steps of the rank-mean of each phase (ms),
+    plus ``other`` and the median max-over-ranks iteration_ms; with method and point columns."""
+    pcols = trials.attrs["point_columns"]
+    cols = ["trial_id", *pcols, "method", "variant", *PHASES, "other", "iteration_ms"]
+    rows = []
+    ok = trials[trials["source"] == "steps"]
+    for _, t in ok.iterrows():
+        ps = per_step[per_step["trial_id"] == t["trial_id"]]
+        r = {c: t[c] for c in ["trial_id", *pcols, "method", "variant"]}
+        for p in (*PHASES, "other"):
+            r[p] = float(ps[f"{p}_ms_mean"].median())
+        r["iteration_ms"] = float(ps["iteration_ms"].median())
+        rows.append(r)
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _at_point(df: pd.DataFrame, point: dict[str, object], cols: list[str]) -> pd.DataFrame:
+    if df.empty or not cols:
+        return df
+    return df[np.logical_and.reduce([_eq(df[c], point[c]) for c in cols])]
+
+
+def showcase(trials: pd.DataFrame) -> tuple[dict[str, object], dict[str, str]]:
+    """The point shown in the per-rank plots (loads, Gantt, phases): the one where the most
+    methods have usable trials (adamw matched on model and layout whatever its optimizer),
+    then the most ranks, then the largest model; and for each method there the first trial
+    (by id), preferring trials that recorded events. Returns (point, {method: trial_id})."""
+    pcols = trials.attrs["point_columns"]
+    no_opt = [c for c in pcols if not c.startswith("optimizer.")]
+    ok = trials[(trials["source"] == "steps") & trials["method"].notna()]
+    if ok.empty:
+        return {}, {}
+    non_adamw = ok[ok["method"] != "adamw"]
+    base = non_adamw if len(non_adamw) else ok
+    best = None
+    for key, g in base.groupby(pcols, dropna=False, sort=True):
+        point = dict(zip(pcols, key if isinstance(key, tuple) else (key,)))
+        if len(non_adamw):
+            g = pd.concat([g, _at_point(ok[ok["method"] == "adamw"], point, no_opt)])
+        score = (g["method"].nunique(), float(g["n_ranks"].max()), float(np.nan_to_num(g["model_params"].max())))
+        if best is None or score > best[0]:
+            best = (score, point, g)
+    assert best is not None
+    _, point, g = best
+    chosen = {}
+    for m in _method_order(g["method"].unique()):
+        gm = g[g["method"] == m]
+        chosen[m] = str(min(zip(~gm["has_events"].astype(bool), gm["trial_id"]))[1])  # prefer trials with events
+    return point, chosen
+
+
+def _method_order(methods: Iterable[object]) -> list[str]:
+    ms = [str(m) for m in methods if m is not None and not (isinstance(m, float) and math.isnan(m))]
+    return sorted(ms, key=lambda m: (METHODS.index(m) if m in METHODS else len(METHODS), m))
+
+
+def method_order(methods: Iterable[object]) -> list[str]:
+    return _method_order(methods)
