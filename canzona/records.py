@@ -36,12 +36,12 @@ STEP_FIELDS = (
     "backward_ms",  # includes reduction work issued from hooks that overlapped backward
     "grad_reduce_ms",  # exposed (not hidden behind backward) gradient reduction
     "optimizer_step_ms",  # DESIGN.md §6: grads reduced -> every owned param updated
-    "gather_ms",  # TP gathers to owners (time blocked in waits / issue)
+    "gather_ms",  # packing and issuing TP gathers to owners (baselines: the whole TP all-gather)
     "compute_ms",  # owner optimizer maths
-    "scatter_ms",  # TP scatters back to shard holders
+    "scatter_ms",  # packing and issuing TP scatters back to shard holders
     "apply_ms",  # applying updates to local shards
     "param_sync_ms",  # exposed DP parameter all-gather / broadcast
-    "wait_ms",  # time blocked waiting on collectives inside the optimizer step
+    "wait_ms",  # blocked on in-flight TP gathers/scatters of the micro-group pipeline
     "compute_load",  # planned optimizer compute load of this rank (cost-model units)
     "loss",
 )

@@ -113,7 +113,7 @@ class MicroGroupPipeline:
         def drain_scatters(keep: int) -> None:
             while len(scatters) > keep:
                 k, (work, recv, _send, by_owner) = scatters.popleft()
-                with timer.phase("scatter", f"scatter g{k}"):
+                with timer.phase("wait", f"wait scatter g{k}"):
                     work.wait()
                 with timer.phase("apply", f"apply g{k}"):
                     self._apply(items, recv, by_owner, apply)
@@ -121,7 +121,7 @@ class MicroGroupPipeline:
         for k, g in enumerate(groups):
             issue_gathers(k + 1 + self.depth)  # group k plus `depth` groups ahead
             work, recv, _send = gathers.pop(k)
-            with timer.phase("gather", f"wait gather g{k}"):
+            with timer.phase("wait", f"wait gather g{k}"):
                 work.wait()
             owned, fulls = self._unpack_full(g, items, recv)
             with timer.phase("compute", f"compute g{k}"):

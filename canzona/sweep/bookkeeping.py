@@ -1,0 +1,138 @@
+"""Trial folders under ``results/<sweep>/``: what is done, what a rerun must run, the records
+the launcher writes (status.json, stdout/stderr tails), all written atomically.
+
+``results/<sweep>/``
+  ``<trial_id>/``  config.yaml, steps.jsonl, summary.json, trace.json (the trial runner),
+                   status.json, stdout.txt, stderr.txt (the launcher)
+  ``sweep.json``   the last run's manifest: sweep, profile, cluster, settings, trial ids + axes
+  ``submitit/<run>/<job id>/``  submitit's pickles and full per-rank logs
+  ``sbatch/``      sbatch scripts (written by ``cluster=slurm dry_run=true`` only)
+
+A trial is *done* when its folder holds summary.json and status.json does not say failed
+(a trial run by hand from ``sbatch/`` has no status.json until the next sweep adopts it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from canzona.records import atomic_write_json, atomic_write_text
+
+STATUS = "status.json"
+SUMMARY = "summary.json"
+TAIL_LINES = 200
+TAIL_BYTES = 64_000
+
+# States of a trial folder before a run.
+DONE, FAILED, STALE, NEW = "done", "failed", "stale", "new"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def read_status(trial_dir: Path) -> dict[str, Any] | None:
+    return read_json(Path(trial_dir) / STATUS)
+
+
+def trial_state(trial_dir: Path) -> str:
+    """done | failed | stale (status 'running' left by a sweep that did not finish) | new."""
+    trial_dir = Path(trial_dir)
+    status = read_status(trial_dir)
+    s = (status or {}).get("status")
+    if s == "failed":
+        return FAILED
+    if (trial_dir / SUMMARY).is_file():
+        return DONE
+    if s in ("running", "done"):  # running: sweep gone; done without summary: records lost
+        return STALE
+    return NEW
+
+
+def should_run(state: str, rerun: str) -> bool:
+    """rerun=all: everything; failed (default): all but done; none: only never-started trials."""
+    if rerun == "all":
+        return True
+    if rerun == "failed":
+        return state != DONE
+    return state == NEW
+
+
+def prepare(trial_dir: Path) -> None:
+    """Empty the trial folder before a (re)run so no stale record survives."""
+    trial_dir = Path(trial_dir)
+    if trial_dir.exists():
+        shutil.rmtree(trial_dir)
+    trial_dir.mkdir(parents=True)
+
+
+def write_status(trial_dir: Path, status: str, **fields: Any) -> dict[str, Any]:
+    """Update status.json (merging with what is there) atomically; returns the new record."""
+    rec = read_status(trial_dir) or {
+        "status": None,
+        "error": None,
+        "job_id": None,
+        "started": None,
+        "ended": None,
+    }
+    rec.update(fields)
+    rec["status"] = status
+    if status == "running":
+        rec.setdefault("host", socket.gethostname())
+    atomic_write_json(Path(trial_dir) / STATUS, rec)
+    return rec
+
+
+def adopt(trial_dir: Path) -> None:
+    """Record a trial found complete without a launcher record (e.g. submitted by hand)."""
+    status = read_status(trial_dir)
+    if not status or status.get("status") != "done":
+        write_status(trial_dir, "done", error=None, ended=(status or {}).get("ended") or now(), adopted=True)
+
+
+def tail_text(path: Path, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def write_tails(trial_dir: Path, stdout: list[Path], stderr: list[Path], note: str = "") -> None:
+    """stdout.txt / stderr.txt: the tail of each rank's log, with a header per rank if several."""
+    for name, paths in (("stdout.txt", stdout), ("stderr.txt", stderr)):
+        parts = []
+        for rank, p in enumerate(paths):
+            text = tail_text(p)
+            if len(paths) > 1:
+                if not text.strip():
+                    continue
+                parts.append(f"==> rank {rank} ({p}) <==\n{text}")
+            else:
+                parts.append(text)
+        body = "\n".join(parts)
+        if note:
+            body = f"{note}\n{body}" if body else note
+        atomic_write_text(Path(trial_dir) / name, body + ("\n" if body and not body.endswith("\n") else ""))
+
+
+def load_summary(trial_dir: Path) -> dict[str, Any] | None:
+    return read_json(Path(trial_dir) / SUMMARY)
