@@ -7,6 +7,7 @@ config (one line on stderr, nothing written); 130 interrupted (running jobs are 
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
 import time
 import traceback
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
                 raise SweepError(f"'list' takes no other arguments (got {' '.join(argv[1:])})")
             return list_sweeps(out, configs_dir)
         plan = build_plan(argv, configs_dir)
+        if plan.settings.cluster == "slurm" and not plan.settings.dry_run and shutil.which("sbatch") is None:
+            raise SweepError("cluster=slurm needs sbatch on PATH (run on a login node), or add dry_run=true")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -100,21 +103,21 @@ def run_sweep(plan: Plan, out: TextIO) -> int:
         return dry_run(plan, states, to_run, head, out)
 
     rd.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(
-        rd / "sweep.json",
-        {
-            "sweep": plan.sweep,
-            "profile": plan.profile,
-            "description": plan.description,
-            "sweep_file": str(plan.path),
-            "cluster": s.cluster,
-            "started": bk.now(),
-            "settings": _settings_dict(plan),
-            "trials": [{"id": t.id, "axes": t.axes} for t in plan.trials],
-        },
-    )
+    manifest = {
+        "sweep": plan.sweep,
+        "profile": plan.profile,
+        "description": plan.description,
+        "sweep_file": str(plan.path),
+        "cluster": s.cluster,
+        "started": bk.now(),
+        "settings": _settings_dict(plan),
+        "trials": [{"id": t.id, "axes": t.axes} for t in plan.trials],
+        "ended": None,
+    }
+    atomic_write_json(rd / "sweep.json", manifest)
+    run_ids = {t.id for t in to_run}
     for t in plan.trials:
-        if states[t.id] == bk.DONE and t not in to_run:
+        if states[t.id] == bk.DONE and t.id not in run_ids:
             bk.adopt(rd / t.id)
     print(head, file=out)
     out.flush()
@@ -122,9 +125,16 @@ def run_sweep(plan: Plan, out: TextIO) -> int:
     code = _execute(plan, to_run, skipped, out)
     if code == 130:
         return code
+    final = {t.id: bk.trial_state(rd / t.id) for t in plan.trials}
+    manifest.update(
+        ended=bk.now(),
+        done=sum(v == bk.DONE for v in final.values()),
+        failed=sum(v != bk.DONE for v in final.values()),
+    )
+    atomic_write_json(rd / "sweep.json", manifest)
     print(summary_table(rd, plan.trials), file=out)
     out.flush()
-    failed = any(bk.trial_state(rd / t.id) != bk.DONE for t in plan.trials)
+    failed = any(v != bk.DONE for v in final.values())
     report_code = build_report(rd, out)
     return max(1 if failed else 0, report_code)
 

@@ -269,6 +269,16 @@ class Axis:
             return [str(x) for x in items]
         return [self.add_scalar(x) for x in items]
 
+    def existing_labels(self, items: list[Any], where: str) -> list[str]:
+        """Labels of values the axis already has (exclude entries): a typo is an error."""
+        labels = [str(x) if self.bundle else fmt_value(x) for x in items]
+        bad = [lb for lb in labels if lb not in self.values]
+        if bad:
+            raise SweepError(
+                f"{where}: {self.name}={bad[0]!r} is not a value of axis {self.name}; allowed: {', '.join(self.values)}"
+            )
+        return labels
+
     def copy(self) -> Axis:
         return Axis(self.name, self.bundle, dict(self.values))
 
@@ -586,7 +596,7 @@ def _combinations(
     sec: _Section, axes: dict[str, Axis], restrict: dict[str, list[str]], where: str
 ) -> list[tuple[dict[str, str], dict[str, Any]]]:
     names = list(axes)
-    lists = [restrict.get(n, list(axes[n].values)) for n in names]
+    lists = [restrict.get(n, list(axes[n].values)) for n in names]  # include entries add values later
     excludes = []
     for ex in sec.exclude:
         sel = {}
@@ -596,7 +606,7 @@ def _combinations(
                 raise SweepError(
                     f"{where}: exclude key {k!r} is not an axis; axes: {', '.join(names) or '(none)'}"
                 )
-            sel[k] = set(axes[k].labels_for(as_list(k, v), f"{where} exclude"))
+            sel[k] = set(axes[k].existing_labels(as_list(k, v), f"{where} exclude"))
         excludes.append(sel)
     out: list[tuple[dict[str, str], dict[str, Any]]] = []
     for values in product(*lists):
@@ -613,7 +623,7 @@ def _combinations(
             else:
                 check_trial_key(k, f"{where} include")
                 extras[k] = v
-        inc_lists = [sel.get(n, list(axes[n].values)) for n in names]
+        inc_lists = [sel.get(n, base) for n, base in zip(names, lists)]
         for values in product(*inc_lists):
             combo = dict(zip(names, values))
             if all(combo[k] in labels for k, labels in restrict.items()):
@@ -656,15 +666,42 @@ def _resolve(dotted: dict[str, Any], tag: str) -> TrialConfig:
     try:
         obj = OmegaConf.to_object(OmegaConf.merge(_SCHEMA, base))
         assert isinstance(obj, TrialConfig)
-        return validate(obj)
+        cfg = validate(obj)
     except ConfigError as e:
-        raise SweepError(f"{tag}: {e}") from None
+        raise SweepError(f"{tag}: {_with_allowed_tp(str(e), obj)}") from None
     except OmegaConfBaseException:
-        pass
+        try:
+            cfg = load_config([], base=base)
+        except ConfigError as e:
+            raise SweepError(f"{tag}: {e}") from None
+    if cfg.canzona.cost == "measured":  # the profile file must exist and fit: check it now
+        from canzona.plan.methods import make_plan
+
+        try:
+            make_plan(cfg)
+        except ConfigError as e:
+            raise SweepError(f"{tag}: {e}") from None
+    return cfg
+
+
+def _with_allowed_tp(msg: str, cfg: TrialConfig) -> str:
+    """Append the TP sizes the model allows to a 'parallel.tp=N does not divide ...' error."""
+    if not msg.startswith("parallel.tp="):
+        return msg
+    from canzona.inventory import check_tp
+
     try:
-        return load_config([], base=base)
-    except ConfigError as e:
-        raise SweepError(f"{tag}: {e}") from None
+        mcfg = cfg.model_cfg()
+    except ConfigError:
+        return msg
+    ok = []
+    for tp in range(1, 129):
+        try:
+            check_tp(mcfg, tp)
+            ok.append(str(tp))
+        except ConfigError:
+            pass
+    return f"{msg}; allowed parallel.tp for {mcfg.name}: {', '.join(ok)}"
 
 
 # --------------------------------------------------------------------------- layouts

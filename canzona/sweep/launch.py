@@ -282,6 +282,13 @@ class LocalBackend(Backend):
             handles.append(Handle(trial, job, tdir, self.cluster))
         return handles, failed
 
+    def close(self, handles: list[Handle]) -> None:
+        # submitit's local controller also creates the folder pattern itself, literally "%j"
+        try:
+            (self.log_root / "%j").rmdir()
+        except OSError:
+            pass
+
 
 class DebugBackend(Backend):
     cluster = "debug"

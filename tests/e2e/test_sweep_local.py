@@ -1,0 +1,152 @@
+"""End to end: a local sweep of tiny real trials through ``python sweeps/run.py``.
+
+Three trials (two succeed, one fails on rank 1 through ``train.fail_on_rank``): every trial is
+recorded, the failure with its error while the others complete; a rerun skips the completed
+trials and reruns only the failed one; ``rerun=none`` runs nothing. Plus one trial in
+``cluster=debug`` (in-process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = REPO / "sweeps" / "run.py"
+
+SWEEP = """
+    description: e2e sweep of tiny trials
+    fixed:
+      model.name: qwen3-0.6b
+      model.width_div: 16
+      model.num_layers: 1
+      dist.device: cpu
+      dist.threads_per_rank: 1
+      dist.timeout_s: 60
+      train.steps: 2
+      train.warmup: 0
+      train.micro_batch: 1
+      train.seq_len: 16
+    grid:
+      trial:
+        canzona-dp2: {method: canzona, parallel.dp: 2, parallel.tp: 1}
+        sync-tp2: {method: sync, parallel.dp: 1, parallel.tp: 2}
+        broken-dp2: {method: layerwise, parallel.dp: 2, parallel.tp: 1, train.fail_on_rank: 1, train.fail_at_step: 0}
+    sweep:
+      cluster: local
+      local: {timeout_min: 5}
+"""
+
+
+def sweep(tmp_path: Path, *args: str, timeout: float = 420) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        [
+            sys.executable,
+            str(RUN),
+            f"sweep={tmp_path / 'tiny.yaml'}",
+            f"results={tmp_path / 'results'}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+        env=env,
+    )
+
+
+def trial_dirs(root: Path) -> dict[str, Path]:
+    return {p.name: p for p in root.iterdir() if (p / "status.json").exists()}
+
+
+def status(d: Path) -> dict:
+    return json.loads((d / "status.json").read_text())
+
+
+def check_report_line(stdout: str) -> None:
+    last = stdout.rstrip().splitlines()[-1]
+    try:
+        import analysis.report as report
+
+        has_report = callable(getattr(report, "build_report", None))
+    except ImportError:
+        has_report = False
+    if has_report:
+        assert Path(last).exists(), f"last line should be the report path, got {last!r}"
+    else:
+        assert "no report" in last
+
+
+@pytest.mark.slow
+def test_local_sweep_records_resumes_and_survives_a_failing_trial(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(textwrap.dedent(SWEEP))
+    t0 = time.monotonic()
+    r = sweep(tmp_path)
+    first_run_s = time.monotonic() - t0
+    out = r.stdout
+    assert r.returncode == 1, f"one trial fails, so exit 1\n{out}\n{r.stderr}"
+    root = tmp_path / "results" / "tiny"
+    dirs = trial_dirs(root)
+    assert len(dirs) == 3, out
+    done = {k: d for k, d in dirs.items() if "layerwise" not in k}
+    ((failed_id, failed),) = ((k, d) for k, d in dirs.items() if "layerwise" in k)
+
+    for tid, d in done.items():
+        st = status(d)
+        assert st["status"] == "done" and st["error"] is None, st
+        assert st["job_id"] and st["cluster"] == "local" and st["started"] and st["ended"]
+        for name in ("config.yaml", "steps.jsonl", "summary.json", "stdout.txt", "stderr.txt"):
+            assert (d / name).is_file(), (tid, name)
+        summary = json.loads((d / "summary.json").read_text())
+        assert summary["world"]["world_size"] == 2
+        rows = [json.loads(x) for x in (d / "steps.jsonl").read_text().splitlines()]
+        assert len(rows) == 2 * 2  # 2 steps x 2 ranks
+        assert not list(d.glob(".*.tmp"))
+
+    st = status(failed)
+    assert st["status"] == "failed"
+    assert "injected failure on rank 1" in st["error"], st
+    assert "injected failure" in (failed / "stderr.txt").read_text()
+    assert not (failed / "summary.json").exists()
+
+    # progress (non-TTY: plain lines), the summary table, then the report path (or a note)
+    assert "[sweep] 0/3 done | 1 running" in out and "ETA" in out
+    assert f"FAILED {failed_id}" in out and "(2 done, 1 failed, 0 other)" in out
+    check_report_line(out)
+    manifest = json.loads((root / "sweep.json").read_text())
+    assert sorted(t["id"] for t in manifest["trials"]) == sorted(dirs)
+
+    # rerun: completed trials skipped, the failed one rerun -- here as one submitit task per rank
+    before = {k: status(d)["started"] for k, d in done.items()}
+    r = sweep(tmp_path, "local.mode=tasks")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "3 trials, 1 to run, 2 skipped" in r.stdout
+    assert {k: status(d)["started"] for k, d in done.items()} == before
+    st = status(failed)
+    assert st["status"] == "failed" and st["error"].startswith("rank 1: RuntimeError: injected failure"), st
+    assert "==> rank 1" in (failed / "stderr.txt").read_text()
+
+    # rerun=none: nothing runs, in seconds
+    t0 = time.monotonic()
+    r = sweep(tmp_path, "rerun=none")
+    assert "3 trials, 0 to run, 3 skipped" in r.stdout and "nothing to run" in r.stdout, r.stdout
+    assert time.monotonic() - t0 < max(30.0, first_run_s / 2)
+    assert r.returncode == 1  # the failed trial is still failed
+
+    # a fixed trial is picked up once the bad value is overridden away (different config, new id)
+    r = sweep(tmp_path, "trial=broken-dp2", "train.fail_on_rank=null", "cluster=debug")
+    assert r.returncode == 0, r.stdout + r.stderr
+    new = set(trial_dirs(root)) - set(dirs)
+    assert len(new) == 1
+    d = root / new.pop()
+    assert (
+        status(d)["status"] == "done" and status(d)["cluster"] == "debug" and (d / "summary.json").is_file()
+    )

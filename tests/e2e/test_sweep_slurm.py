@@ -1,0 +1,137 @@
+"""End to end against a real slurmctld/slurmd (slurm/dev-cluster.sh): ``sweep=smoke
+cluster=slurm`` submits 2 trials of 2 ranks each (gloo), as one job array, records them, and
+leaves no job step or rank process behind; then the cluster is torn down with no daemon left.
+
+Uses the ``slurm_cluster`` fixture of test_slurm_cluster.py (same skip rules: skipped only when
+``sinfo`` is missing and CI is not "true").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_slurm_cluster import _running_daemons, _script, needs_slurm, slurm_cluster  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = REPO / "sweeps" / "run.py"
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, needs_slurm]
+
+
+def _pgrep(pattern: str) -> list[str]:
+    r = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
+    return [ln for ln in r.stdout.splitlines() if "pgrep" not in ln]
+
+
+def test_slurm_sweep_two_trials_two_ranks(slurm_cluster, tmp_path):  # noqa: F811
+    results = tmp_path / "results"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(RUN),
+            "sweep=smoke",
+            "cluster=slurm",
+            "slurm.partition=debug",
+            "slurm.time=00:10:00",
+            f"results={results}",
+            "poll_s=0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    out = r.stdout + r.stderr
+    root = results / "smoke"
+    if r.returncode != 0:  # show the jobs' own logs before failing
+        for p in sorted(root.glob("*/stderr.txt")):
+            out += f"\n--- {p}\n{p.read_text()[-3000:]}"
+    assert r.returncode == 0, out
+    dirs = [p for p in root.iterdir() if (p / "status.json").exists()]
+    assert len(dirs) == 2, out
+    job_ids = set()
+    for d in dirs:
+        st = json.loads((d / "status.json").read_text())
+        assert st["status"] == "done" and st["cluster"] == "slurm" and st["error"] is None, st
+        job_ids.add(st["job_id"])
+        summary = json.loads((d / "summary.json").read_text())
+        assert summary["world"]["world_size"] == 2 and summary["world"]["backend"] == "gloo"
+        assert (d / "steps.jsonl").is_file() and (d / "config.yaml").is_file()
+        assert (d / "stdout.txt").is_file() and (d / "stderr.txt").is_file()
+    # one job array of two tasks: ids <array>_0 and <array>_1
+    assert len(job_ids) == 2 and len({j.split("_")[0] for j in job_ids}) == 1, job_ids
+
+    # nothing left: none of our jobs queued, no step daemon, no process running from our folders
+    # (the sweep itself waits for squeue to drop its jobs before it exits)
+    array = next(iter(job_ids)).split("_")[0]
+
+    def ours_queued() -> list[str]:
+        queue = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+        return [j for j in queue if j.split("_")[0] == array]
+
+    assert ours_queued() == []
+    deadline = time.monotonic() + 30
+    while (_pgrep(str(results)) or _pgrep("slurmstepd")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _pgrep(str(results)) == []
+    assert _pgrep("slurmstepd") == []
+
+    # rerun: both recorded, nothing submitted
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(RUN),
+            "sweep=smoke",
+            "cluster=slurm",
+            "slurm.partition=debug",
+            f"results={results}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0 and "2 trials, 0 to run, 2 skipped" in r.stdout, r.stdout + r.stderr
+
+
+def test_slurm_dry_run_scripts_accepted_by_sbatch(slurm_cluster, tmp_path):  # noqa: F811
+    results = tmp_path / "results"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(RUN),
+            "sweep=smoke",
+            "cluster=slurm",
+            "dry_run=true",
+            "slurm.partition=debug",
+            f"results={results}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    scripts = sorted((results / "smoke" / "sbatch").glob("*-*.sh"))
+    assert len(scripts) == 2
+    for s in scripts:
+        t = subprocess.run(["sbatch", "--test-only", str(s)], capture_output=True, text=True, timeout=60)
+        assert t.returncode == 0 and "to start at" in t.stdout + t.stderr, t.stdout + t.stderr
+
+
+# Keep this last in the module: it stops the cluster if this module's fixture started it.
+def test_dev_cluster_down_leaves_no_processes(slurm_cluster):  # noqa: F811
+    if not slurm_cluster.started_here:
+        pytest.skip("Slurm was already up for this module; not stopping someone else's cluster")
+    r = _script("down", timeout=300)
+    slurm_cluster.running = False
+    assert r.returncode == 0, f"dev-cluster.sh down failed:\n{r.stdout}\n{r.stderr}"
+    assert _running_daemons() == []
+    assert _pgrep("slurmstepd") == []

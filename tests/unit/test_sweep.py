@@ -1,0 +1,445 @@
+"""Sweep expansion, overrides, errors, trial ids, bookkeeping, progress and dry runs (no trials run)."""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from canzona.config import load_config
+from canzona.sweep import bookkeeping as bk
+from canzona.sweep.cli import build_report, main
+from canzona.sweep.expand import (
+    SweepError,
+    available_sweeps,
+    build_plan,
+    config_overrides,
+    split_top_commas,
+    time_minutes,
+    trial_id,
+)
+from canzona.sweep.launch import headline, kill_descendants, parse_extra_sbatch
+from canzona.sweep.progress import Progress, summary_table
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def plan(*items: str, configs_dir: Path | None = None):
+    return build_plan(list(items), configs_dir) if configs_dir else build_plan(list(items))
+
+
+@functools.cache
+def shipped(*items: str):
+    """A plan of the shipped sweeps, built once per argument list (do not mutate it)."""
+    return build_plan(list(items))
+
+
+def write_sweep(tmp_path: Path, text: str, name: str = "mini") -> Path:
+    d = tmp_path / "configs"
+    d.mkdir(exist_ok=True)
+    (d / f"{name}.yaml").write_text(textwrap.dedent(text))
+    return d
+
+
+MINI = """
+    description: test sweep
+    fixed: {model.name: qwen3-0.6b, model.width_div: 16, model.num_layers: 2, train.steps: 2}
+    grid:
+      method: [canzona, sync, adamw]
+      optimizer.name: [muon, soap]
+      layout:
+        dp2: {parallel.dp: 2}
+        tp2: {parallel.tp: 2}
+    exclude:
+      - {method: sync, layout: tp2}
+    include:
+      - {method: layerwise, optimizer.name: shampoo, layout: dp2, train.seed: 7}
+    rules:
+      - {when: {method: adamw}, set: {optimizer.name: adamw}}
+"""
+
+
+# --------------------------------------------------------------------------- shipped sweeps
+def test_shipped_sweeps_listed():
+    assert {"qwen3_scaling", "smoke"} <= set(available_sweeps())
+
+
+def test_qwen3_scaling_local_profile_fits_a_small_machine():
+    p = shipped("sweep=qwen3_scaling")
+    assert p.profile == "local" and p.settings.cluster == "local"
+    methods = {t.cfg.method for t in p.trials}
+    assert methods == {"canzona", "sync", "layerwise", "adamw"}
+    for t in p.trials:
+        c = t.cfg
+        assert c.world_size <= 4 and c.dist.threads_per_rank == 1 and c.dist.device == "cpu"
+        assert c.model.width_div > 1 and c.model.num_layers <= 4
+        assert c.train.steps + c.train.warmup <= 5
+        assert (c.optimizer.name == "adamw") == (c.method == "adamw")
+    opts = {t.cfg.optimizer.name for t in p.trials}
+    assert {"muon", "shampoo", "soap", "adamw"} <= opts
+    assert len(p.trials) <= 20  # the whole sweep must finish in 10 minutes on 2 cores
+
+
+def test_qwen3_scaling_paper_profile_is_full_size_on_up_to_256_gpus():
+    p = shipped("sweep=qwen3_scaling", "profile=paper")
+    assert p.settings.cluster == "slurm" and p.settings.slurm.gpus_per_node == 8
+    sizes = {t.cfg.model.name for t in p.trials}
+    assert sizes == {f"qwen3-{s}" for s in ("0.6b", "1.7b", "4b", "8b", "14b", "32b")}
+    assert all(t.cfg.model.width_div == 1 and t.cfg.model.num_layers is None for t in p.trials)
+    worlds = {t.world_size for t in p.trials}
+    assert max(worlds) == 256 and all(w % 8 == 0 for w in worlds)
+    assert all(t.cfg.dist.device == "cuda" for t in p.trials)
+    assert {"shampoo", "soap", "muon"} <= {t.cfg.optimizer.name for t in p.trials}
+
+
+def test_every_trial_rebuilds_from_its_overrides():
+    for p in (shipped("sweep=qwen3_scaling"), shipped("sweep=qwen3_scaling", "profile=paper")):
+        for t in p.trials:
+            assert load_config(config_overrides(t.cfg)) == t.cfg
+
+
+# --------------------------------------------------------------------------- expansion
+def test_grid_exclude_include_rules_and_dedup(tmp_path):
+    d = write_sweep(tmp_path, MINI)
+    p = plan("sweep=mini", configs_dir=d)
+    combos = {(t.cfg.method, t.cfg.optimizer.name, t.cfg.parallel.dp, t.cfg.parallel.tp) for t in p.trials}
+    assert ("sync", "muon", 1, 2) not in combos  # excluded
+    assert ("layerwise", "shampoo", 2, 1) in combos  # included
+    # adamw x {muon, soap} collapses to one trial per layout (the rule sets the optimizer)
+    assert sum(t.cfg.method == "adamw" for t in p.trials) == 2
+    # canzona 2x2 + sync 2x1 + adamw 2 + include 1
+    assert len(p.trials) == 4 + 2 + 2 + 1
+    inc = next(t for t in p.trials if t.cfg.method == "layerwise")
+    assert inc.cfg.train.seed == 7
+    assert all(t.cfg.train.steps == 2 for t in p.trials)
+    assert len({t.id for t in p.trials}) == len(p.trials)
+    adamw = next(t for t in p.trials if t.cfg.method == "adamw")
+    assert adamw.axes["optimizer.name"] == "adamw"  # labels show what the rules made
+
+
+def test_trial_overrides_and_axis_selection(tmp_path):
+    d = write_sweep(tmp_path, MINI)
+    p = plan("sweep=mini", "train.steps=3", "canzona.alpha=0.5", configs_dir=d)
+    assert all(t.cfg.train.steps == 3 and t.cfg.canzona.alpha == 0.5 for t in p.trials)
+    p = plan("sweep=mini", "method=canzona,sync", "layout=dp2", configs_dir=d)
+    assert {(t.cfg.method, t.cfg.parallel.dp) for t in p.trials} == {("canzona", 2), ("sync", 2)}
+    # a new value for a scalar axis replaces the axis; the include (layerwise) is filtered out
+    p = plan("sweep=mini", "optimizer=shampoo", "method=canzona", configs_dir=d)
+    assert {t.cfg.optimizer.name for t in p.trials} == {"shampoo"} and len(p.trials) == 2
+
+
+def test_ids_are_stable_readable_and_content_addressed(tmp_path):
+    d = write_sweep(tmp_path, MINI)
+    a = [t.id for t in plan("sweep=mini", configs_dir=d).trials]
+    b = [t.id for t in plan("sweep=mini", "cluster=slurm", "rerun=all", configs_dir=d).trials]
+    assert a == b  # sweep settings do not change ids
+    c = [t.id for t in plan("sweep=mini", "train.steps=3", configs_dir=d).trials]
+    assert set(a).isdisjoint(c)
+    t = plan("sweep=mini", configs_dir=d).trials[0]
+    assert t.id.startswith("0.6b-canzona-muon-dp2tp1-") and len(t.id.rsplit("-", 1)[1]) == 10
+    cfg = t.cfg
+    cfg.out = "/somewhere"
+    assert trial_id(cfg) == t.id  # the output folder is not part of the id
+    assert trial_id(load_config([])) == trial_id(load_config(["out=/x"]))
+
+
+# --------------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    "items, fragment",
+    [
+        (
+            ["sweep=qwen3_scaling", "clustr=slurm"],
+            "unknown key 'clustr'; sweep keys: sweep, profile, cluster",
+        ),
+        (["sweep=qwen3_scaling", "train.stepz=3"], "allowed under train: fail_at_step"),
+        (["sweep=qwen3_scaling", "slurm.partiton=gpu"], "allowed under slurm: account, array"),
+        (["sweep=nope"], "unknown sweep 'nope'; available: "),
+        (["train.steps=3"], "missing sweep=NAME; available: "),
+        (["sweep=qwen3_scaling", "profile=huge"], "allowed: local, paper"),
+        (["sweep=qwen3_scaling", "cluster=k8s"], "choose one of: local, debug, slurm"),
+        (["sweep=qwen3_scaling", "rerun=some"], "choose one of: failed, all, none"),
+        (["sweep=qwen3_scaling", "size=70b"], "allowed: 0.6b, 4b"),
+        (["sweep=qwen3_scaling", "parallel.tp=3"], "parallel.tp=3 does not divide heads"),
+        (["sweep=qwen3_scaling", "method=adam"], "choose one of: canzona, sync, layerwise, adamw"),
+        (["sweep=qwen3_scaling", "train.steps=many"], "train.steps"),
+        (["sweep=qwen3_scaling", "profile=paper", "cluster=local"], "allows at most local.max_ranks=4"),
+        (["sweep=qwen3_scaling", "profile=paper", "slurm.tasks_per_node=16"], "exceeds slurm.gpus_per_node"),
+        (["sweep=qwen3_scaling", "profile=paper", "slurm.time=soon"], "is not a Slurm time"),
+        (["sweep=qwen3_scaling", "cluster=slurm", "slurm.tasks_per_node=3"], "do not fill whole nodes"),
+        (["sweep=qwen3_scaling", "oops"], "expected key=value"),
+    ],
+)
+def test_bad_arguments_give_one_line_errors(items, fragment):
+    with pytest.raises(SweepError) as e:
+        build_plan(items)
+    msg = str(e.value)
+    assert fragment in msg and "\n" not in msg
+
+
+def test_cli_error_exits_2_and_writes_nothing(tmp_path, capsys):
+    results = tmp_path / "results"
+    rc = main(["sweep=qwen3_scaling", f"results={results}", "train.stepz=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ")
+    assert not results.exists()
+
+
+def test_cli_as_a_script_exits_2(tmp_path):
+    r = subprocess.run(
+        [sys.executable, str(REPO / "sweeps" / "run.py"), "sweep=qwen3_scaling", "layout=dp9"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2 and "allowed: dp2tp1, dp2tp2" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_sweep_files(tmp_path):
+    d = write_sweep(tmp_path, "grid: {method: [canzona]}\nfixd: {}\n", "typo")
+    with pytest.raises(SweepError, match="unknown key 'fixd'; allowed: description"):
+        plan("sweep=typo", configs_dir=d)
+    d = write_sweep(tmp_path, "grid: {methd: [canzona]}\n", "badaxis")
+    with pytest.raises(SweepError, match="unknown trial key 'methd'"):
+        plan("sweep=badaxis", configs_dir=d)
+    d = write_sweep(tmp_path, "grid: {method: [canzona]}\nexclude: [{size: a}]\n", "badex")
+    with pytest.raises(SweepError, match="exclude key 'size' is not an axis"):
+        plan("sweep=badex", configs_dir=d)
+    d = write_sweep(tmp_path, "grid: {method: [canzona, sync]}\nexclude: [{method: synk}]\n", "exvalue")
+    with pytest.raises(SweepError, match="method='synk' is not a value of axis method; allowed: canzona, sync"):
+        plan("sweep=exvalue", configs_dir=d)
+
+
+def test_sweep_given_as_a_path(tmp_path):
+    d = write_sweep(tmp_path, MINI)
+    p = build_plan([f"sweep={d / 'mini.yaml'}", f"results={tmp_path / 'r'}"])
+    assert p.sweep == "mini" and p.results_dir == tmp_path / "r" / "mini"
+
+
+def test_settings_values():
+    p = plan(
+        "sweep=qwen3_scaling",
+        "profile=paper",
+        "slurm.partition=gpu",
+        "slurm.account=proj",
+        "slurm.time=02:30:00",
+        "slurm.setup=[module load cuda/12.4, source ~/venv/bin/activate]",
+        "slurm.extra_sbatch=[--signal=USR1@90]",
+        "dry_run=true",
+    )
+    s = p.settings
+    assert (s.slurm.partition, s.slurm.account, s.slurm.time, s.dry_run) == ("gpu", "proj", "02:30:00", True)
+    assert s.slurm.setup == ["module load cuda/12.4", "source ~/venv/bin/activate"]
+    assert time_minutes(s.slurm.time) == 150
+
+
+def test_small_helpers():
+    assert split_top_commas("a,b,[1,2],c") == ["a", "b", "[1,2]", "c"]
+    assert [time_minutes(x) for x in ("90", "30:00", "01:30:00", "1-00", "1-00:30:00")] == [
+        90,
+        30,
+        90,
+        1440,
+        1470,
+    ]
+    assert parse_extra_sbatch(["--exclusive", "--signal=USR1@90", "--gres gpu:8"]) == {
+        "exclusive": True,
+        "signal": "USR1@90",
+        "gres": "gpu:8",
+    }
+    trace = (
+        "Job (task=1) failed during processing with trace:\n----------------------\n"
+        'Traceback (most recent call last):\n  File "x.py", line 1\n'
+        "RuntimeError: injected failure on rank 1 at step 1\n\n----------------------\n"
+        "You can check full logs with 'job.stderr(1)' and 'job.stdout(1)'or at paths:\n  - /a.err\n  - /a.out\n"
+    )
+    assert headline(Exception(trace)) == "RuntimeError: injected failure on rank 1 at step 1"
+    assert headline(ValueError("bad\nmore")) == "ValueError: bad"
+
+
+def test_kill_descendants_leaves_no_process():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess,time; subprocess.Popen(['sleep','60']); time.sleep(60)"]
+    )
+    try:
+        import time
+
+        deadline = time.monotonic() + 10
+        found: list[int] = []
+        while time.monotonic() < deadline:
+            from canzona.sweep.launch import _children
+
+            if _children().get(parent.pid):
+                break
+            time.sleep(0.05)
+        found = kill_descendants(parent.pid)
+        assert len(found) == 1
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+# --------------------------------------------------------------------------- bookkeeping
+def test_trial_states_and_rerun_policy(tmp_path):
+    d = tmp_path / "t"
+    assert bk.trial_state(d) == bk.NEW
+    d.mkdir()
+    bk.write_status(d, "running", job_id="12", started=bk.now())
+    assert bk.trial_state(d) == bk.STALE
+    (d / "summary.json").write_text("{}")
+    assert bk.trial_state(d) == bk.DONE
+    bk.write_status(d, "failed", error="boom")
+    assert bk.trial_state(d) == bk.FAILED
+    rec = json.loads((d / "status.json").read_text())
+    assert rec["job_id"] == "12" and rec["error"] == "boom"  # merged, not replaced
+    assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
+    table = {
+        "all": {bk.NEW: True, bk.FAILED: True, bk.STALE: True, bk.DONE: True},
+        "failed": {bk.NEW: True, bk.FAILED: True, bk.STALE: True, bk.DONE: False},
+        "none": {bk.NEW: True, bk.FAILED: False, bk.STALE: False, bk.DONE: False},
+    }
+    for rerun, row in table.items():
+        for state, want in row.items():
+            assert bk.should_run(state, rerun) is want, (rerun, state)
+    bk.prepare(d)
+    assert list(d.iterdir()) == []
+
+
+def test_adopt_and_tails(tmp_path):
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / "summary.json").write_text("{}")  # e.g. submitted by hand from sbatch/
+    bk.adopt(d)
+    assert bk.read_status(d)["status"] == "done" and bk.read_status(d)["adopted"] is True
+    logs = []
+    for rank in range(2):
+        p = tmp_path / f"r{rank}.err"
+        p.write_text("".join(f"line {i}\n" for i in range(500)) if rank else "")
+        logs.append(p)
+    bk.write_tails(d, [logs[0]], logs)
+    err = (d / "stderr.txt").read_text()
+    assert "==> rank 1" in err and "rank 0" not in err and "line 499" in err and "line 200\n" not in err
+
+
+# --------------------------------------------------------------------------- progress
+def test_progress_non_tty_prints_lines_with_counts_and_eta():
+    buf = io.StringIO()
+    p = Progress(3, skipped=1, stream=buf, tty=False)
+    p.start("a")
+    p.finish("a", True, "done a")
+    p.start("b")
+    p.finish("b", False, "FAILED b")
+    text = buf.getvalue()
+    assert "\r" not in text
+    assert "[sweep] 1/3 done | 0 running | 0 failed | 2 pending | 1 skipped" in text
+    assert "1 failed | 1 pending" in text and "ETA" in text and "FAILED b" in text
+
+
+def test_progress_tty_redraws_in_place():
+    buf = io.StringIO()
+    p = Progress(2, stream=buf, tty=True)
+    p.start("a")
+    p.refresh()
+    p.close()
+    assert "\r\033[K[sweep] 0/2 done | 1 running" in buf.getvalue()
+
+
+def test_summary_table(tmp_path):
+    p = plan("sweep=smoke")
+    a, b = p.trials
+    (tmp_path / a.id).mkdir()
+    bk.write_status(tmp_path / a.id, "done")
+    (tmp_path / a.id / "summary.json").write_text(
+        json.dumps({"iteration_ms_median": 12.5, "optimizer_step_ms_median": 3.25})
+    )
+    (tmp_path / b.id).mkdir()
+    bk.write_status(tmp_path / b.id, "failed", error="RuntimeError: injected")
+    text = summary_table(tmp_path, p.trials)
+    assert "(1 done, 1 failed, 0 other)" in text and "12.5" in text and "3.2" in text
+    assert f"{b.id}: RuntimeError: injected" in text
+    assert len(text.splitlines()) < 40
+
+
+# --------------------------------------------------------------------------- dry runs, list, report hook
+def test_local_dry_run_writes_nothing(tmp_path, capsys):
+    results = tmp_path / "results"
+    assert main(["sweep=qwen3_scaling", "dry_run=true", f"results={results}"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing was written" in out and "0.6b-canzona-muon-dp2tp1-" in out
+    assert not results.exists()
+
+
+def test_slurm_dry_run_writes_only_sbatch_scripts(tmp_path, capsys):
+    results = tmp_path / "results"
+    rc = main(
+        [
+            "sweep=qwen3_scaling",
+            "profile=paper",
+            "dry_run=true",
+            f"results={results}",
+            "slurm.partition=gpu",
+            "slurm.account=proj",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert [p.name for p in results.iterdir()] == ["qwen3_scaling"]
+    assert [p.name for p in (results / "qwen3_scaling").iterdir()] == ["sbatch"]
+    scripts = sorted((results / "qwen3_scaling" / "sbatch").glob("*.sh"))
+    p = shipped("sweep=qwen3_scaling", "profile=paper")
+    assert len(scripts) == len(p.trials) + 1  # + submit_all.sh
+    assert "nodes=32 tasks_per_node=8 gpus_per_node=8" in out and "'slurm_partition': 'gpu'" in out
+    t = next(t for t in p.trials if t.world_size == 256)
+    text = (results / "qwen3_scaling" / "sbatch" / f"{t.id}.sh").read_text()
+    for line in (
+        "#SBATCH --nodes=32",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=proj",
+        "#SBATCH --exclusive",
+    ):
+        assert line in text
+    srun = text.rstrip().splitlines()[-1]
+    assert (
+        srun.startswith("srun ")
+        and "-m canzona.run" in srun
+        and f"out={results.resolve() / 'qwen3_scaling' / t.id}" in srun
+    )
+    overrides = srun.split("-m canzona.run ", 1)[1].rsplit(" out=", 1)[0].split()
+    assert load_config(overrides) == t.cfg
+    for s in scripts:
+        assert subprocess.run(["bash", "-n", str(s)]).returncode == 0
+
+
+def test_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen3_scaling:" in out and "profile=local (default)" in out and "profile=paper" in out
+
+
+def test_report_hook(tmp_path, capsys, monkeypatch):
+    mod = types.ModuleType("analysis.report")
+    mod.build_report = lambda d: Path(d) / "report" / "index.html"
+    monkeypatch.setitem(sys.modules, "analysis.report", mod)
+    out = io.StringIO()
+    assert build_report(tmp_path, out) == 0
+    assert out.getvalue().splitlines()[-1] == str(tmp_path / "report" / "index.html")
+
+    def broken(d):
+        raise ValueError("no trials")
+
+    mod.build_report = broken
+    out = io.StringIO()
+    assert build_report(tmp_path, out) == 1
+    err = capsys.readouterr().err
+    assert "ValueError: no trials" in err and "report FAILED" in err  # shown, not hidden
+    del mod.build_report
+    assert build_report(tmp_path, io.StringIO()) == 0
