@@ -52,6 +52,8 @@ class CanzonaSection:
     dp_variant: str = "minmax"
     pipeline_depth: int = 2
     measured_profile: str | None = None
+    # flops cost model: matmul-flop equivalents charged per element of an elementwise update
+    elementwise_flops: float = 512.0
 
 
 @dataclass
@@ -152,6 +154,8 @@ def validate(cfg: TrialConfig) -> TrialConfig:
         raise ConfigError(f"canzona.alpha={cfg.canzona.alpha} must be in [0, 1]")
     if not 0.0 < cfg.canzona.capacity <= 1.0:
         raise ConfigError(f"canzona.capacity={cfg.canzona.capacity} must be a fraction in (0, 1]")
+    if cfg.canzona.elementwise_flops <= 0:
+        raise ConfigError(f"canzona.elementwise_flops={cfg.canzona.elementwise_flops} must be positive")
     if cfg.canzona.pipeline_depth < 0:
         raise ConfigError(f"canzona.pipeline_depth={cfg.canzona.pipeline_depth} must be >= 0")
     if cfg.canzona.cost == "measured" and not cfg.canzona.measured_profile:

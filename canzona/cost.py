@@ -23,6 +23,13 @@ from canzona.inventory import ConfigError, ParamSpec
 # Elementwise AdamW: ~12 flops per element (two moment updates, bias corrections, sqrt, div,
 # decoupled decay, the update itself).
 ADAMW_FLOPS_PER_ELEMENT = 12.0
+# ...but those flops are memory-bound: AdamW reads and writes param, grad and two moments
+# (~32 bytes per fp32 element). For *planning*, the flops model charges each elementwise update
+# the matmul flops that take the same time (``canzona.elementwise_flops``, default 512: 32 bytes
+# at a machine balance of 16 flops/byte; measured here: ~440 on one CPU core, GPUs are far
+# higher). Counting 12 would make a rank holding the embedding look idle; the `measured` cost
+# model replaces the guess with timings from `python -m canzona.calibrate`.
+ELEMENTWISE_FLOP_EQUIVALENT = 512.0
 # A dense symmetric eigendecomposition (tridiagonalisation + QR iterations + back-transform)
 # costs about 9 n^3 flops; one power iteration + QR of an n x n basis about 2 n^3 + 4/3 n^3.
 EIGH_FLOPS_FACTOR = 9.0
@@ -82,6 +89,7 @@ class FlopsCost:
     optimizer: str
     ns_steps: int = 5
     precondition_frequency: int = 10
+    elementwise_flops: float = ELEMENTWISE_FLOP_EQUIVALENT
     name: str = "flops"
 
     def matrix_flops(self, m: int, n: int) -> float:
@@ -91,11 +99,11 @@ class FlopsCost:
             return shampoo_flops(m, n, self.precondition_frequency)
         if self.optimizer == "soap":
             return soap_flops(m, n, self.precondition_frequency)
-        return ADAMW_FLOPS_PER_ELEMENT * m * n
+        return self.elementwise_flops * m * n
 
     def cost(self, spec: ParamSpec) -> float:
         if spec.kind != "matrix":
-            return ADAMW_FLOPS_PER_ELEMENT * spec.numel
+            return self.elementwise_flops * spec.numel
         return sum(self.matrix_flops(m, n) for m, n in _matrix_shapes(spec))
 
 
@@ -145,9 +153,15 @@ def load_measured(path: str | Path, optimizer: str, flops: FlopsCost) -> Measure
 
 
 def make_cost_model(
-    kind: str, optimizer: str, *, ns_steps: int = 5, precondition_frequency: int = 10, profile: str | None = None
+    kind: str,
+    optimizer: str,
+    *,
+    ns_steps: int = 5,
+    precondition_frequency: int = 10,
+    profile: str | None = None,
+    elementwise_flops: float = ELEMENTWISE_FLOP_EQUIVALENT,
 ) -> CostModel:
-    flops = FlopsCost(optimizer, ns_steps, precondition_frequency)
+    flops = FlopsCost(optimizer, ns_steps, precondition_frequency, elementwise_flops)
     if kind == "numel":
         return NumelCost()
     if kind == "flops":

@@ -31,6 +31,7 @@ def common_inputs(cfg: TrialConfig) -> tuple[list[ParamSpec], BufferLayout, dict
         ns_steps=cfg.optimizer.ns_steps,
         precondition_frequency=cfg.optimizer.precondition_frequency,
         profile=cfg.canzona.measured_profile,
+        elementwise_flops=cfg.canzona.elementwise_flops,
     )
     cost = {i: model.cost(p) for i, p in enumerate(params)}
     return params, layout, cost, model.name

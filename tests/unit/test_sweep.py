@@ -165,7 +165,7 @@ def test_ids_are_stable_readable_and_content_addressed(tmp_path):
         (["sweep=qwen3_scaling", "profile=huge"], "allowed: local, paper"),
         (["sweep=qwen3_scaling", "cluster=k8s"], "choose one of: local, debug, slurm"),
         (["sweep=qwen3_scaling", "rerun=some"], "choose one of: failed, all, none"),
-        (["sweep=qwen3_scaling", "size=70b"], "allowed: 0.6b, 4b"),
+        (["sweep=qwen3_scaling", "size=70b"], "allowed: 0.6b, 8b"),
         (["sweep=qwen3_scaling", "parallel.tp=3"], "parallel.tp=3 does not divide heads"),
         (["sweep=qwen3_scaling", "method=adam"], "choose one of: canzona, sync, layerwise, adamw"),
         (["sweep=qwen3_scaling", "train.steps=many"], "train.steps"),
