@@ -1,0 +1,76 @@
+"""The report on a real sweep's records: its numbers are the raw steps' numbers.
+
+Runs a two-trial local sweep (canzona and sync, dp=2) through ``sweeps/run.py``, then checks
+that the sweep printed the report's path last, that ``trials.csv`` holds the medians computed
+here straight from ``steps.jsonl`` (max over ranks per measured step), that ``speedups.csv``'s
+canzona-vs-sync ratio is the ratio of those medians, and that the HTML shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+
+SWEEP = """
+    description: two real trials for the report test
+    fixed:
+      model.name: qwen3-0.6b
+      model.width_div: 16
+      model.num_layers: 1
+      parallel.dp: 2
+      dist.threads_per_rank: 1
+      train.steps: 3
+      train.warmup: 1
+      train.micro_batch: 1
+      train.seq_len: 16
+    grid:
+      method: [canzona, sync]
+    sweep:
+      cluster: local
+"""
+
+
+def _median_of_max(steps: Path, key: str) -> float:
+    per_step: dict[int, float] = {}
+    for line in steps.read_text().splitlines():
+        r = json.loads(line)
+        if r["measured"]:
+            per_step[r["step"]] = max(per_step.get(r["step"], 0.0), r[key])
+    return statistics.median(per_step.values())
+
+
+def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
+    (tmp_path / "two.yaml").write_text(textwrap.dedent(SWEEP))
+    r = subprocess.run(
+        [sys.executable, str(REPO / "sweeps" / "run.py"), f"sweep={tmp_path / 'two.yaml'}", f"results={tmp_path / 'results'}"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    report = Path(r.stdout.strip().splitlines()[-1])
+    assert report.name == "index.html" and report.exists()
+    trials = pd.read_csv(report.parent / "trials.csv")
+    medians = {}
+    for _, row in trials.iterrows():
+        steps = tmp_path / "results" / "two" / row["trial_id"] / "steps.jsonl"
+        for key in ("iteration_ms", "optimizer_step_ms"):
+            want = _median_of_max(steps, key)
+            assert row[f"summary.{key}_median"] == pytest.approx(want, rel=1e-9)
+            medians[(row["method"], key)] = want
+    speedups = pd.read_csv(report.parent / "speedups.csv")
+    opt = speedups[(speedups.baseline == "sync") & (speedups.metric == "optimizer_step_ms")].iloc[0]
+    assert opt["value"] == pytest.approx(
+        medians[("sync", "optimizer_step_ms")] / medians[("canzona", "optimizer_step_ms")], rel=1e-9
+    )
+    html = report.read_text()
+    assert f"{medians[('canzona', 'optimizer_step_ms')]:.2f}" in html
