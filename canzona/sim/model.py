@@ -1,0 +1,106 @@
+"""The model's side of an iteration: forward flops and the backward walk that fills buckets.
+
+Flops per rank (`forward_flops`): ``2·T·(local weight elements of the matmuls)`` forward, T =
+micro_batch·seq_len tokens, plus attention; backward twice that. Seconds come from the profile's
+`PassTiming` (fixed + per layer + flops / rate). With TP, Megatron's activation all-reduces of
+b·s·hidden (2 per layer and 1 for the embedding forward, 2 per layer and 1 for the output layer
+backward, 3 small ones in the vocab-parallel cross-entropy, 2 q/k-norm grad all-reduces per
+layer in the hooks) sit on the critical path. The backward is walked in reverse registration
+order so the simulator knows when each gradient lands in its bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from canzona.config import TrialConfig
+from canzona.inventory import ModelConfig, build_inventory
+from canzona.plan.types import Plan
+from canzona.sim.profile import Profile
+
+BYTES = 4  # the executor's grad and param buffers are fp32
+HOOK_COPY_FACTOR = 1.5  # grad_view.add_(grad): read two, write one (in units of one copy)
+
+
+@dataclass(frozen=True)
+class ModelWork:
+    forward_s: float
+    tp_forward_s: float  # TP all-reduces in the forward (0 without TP)
+    # backward units in execution order: (seconds of host time, inventory indices ready after)
+    backward_units: tuple[tuple[float, tuple[int, ...]], ...]
+    forward_flops: float
+    tokens: int
+
+
+def forward_flops(mcfg: ModelConfig, tp: int, micro_batch: int, seq_len: int) -> float:
+    """Forward flops per rank: ``2·T·(local weight elements of the matmuls)``, T = micro_batch·seq_len
+    tokens, the output layer (tied: the embedding) counted and the embedding lookup not; plus
+    attention ``4·L·(heads·head_dim/tp)·seq·T`` (QKᵀ and AV, the non-causal count of the usual
+    MFU formula). Backward is twice this."""
+    tokens = micro_batch * seq_len
+    params = build_inventory(mcfg)
+    elems = sum(p.local_numel(tp) for p in params if len(p.shape) == 2 and not p.name.startswith("embedding."))
+    if mcfg.tied_embeddings:
+        elems += mcfg.vocab * mcfg.hidden / tp
+    return 2.0 * tokens * elems + mcfg.num_layers * 4.0 * (mcfg.heads * mcfg.head_dim / tp) * seq_len * tokens
+
+
+def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[int]) -> ModelWork:
+    """Forward seconds and the backward walk per rank (all ranks do the same model work);
+    flops from `forward_flops`."""
+    mcfg = cfg.model_cfg()
+    tp, params = plan.tp, plan.params
+    b, s = cfg.train.micro_batch, cfg.train.seq_len
+    tokens = b * s
+    L = mcfg.num_layers
+    attn_layer = 4.0 * (mcfg.heads * mcfg.head_dim / tp) * s * tokens
+    head_elems = mcfg.vocab * mcfg.hidden / tp
+
+    def is_matmul(i: int) -> bool:
+        p = params[i]
+        return len(p.shape) == 2 and not p.name.startswith("embedding.")
+
+    fwd_flops = forward_flops(mcfg, tp, b, s)
+    forward_s = prof.forward.seconds(fwd_flops, L)
+    bw = prof.backward
+
+    act = tokens * mcfg.hidden * prof.activation_bytes
+    ar_act = prof.collective("all_reduce", act, tp_ranks) if tp > 1 else 0.0
+    ar_small = prof.collective("all_reduce", tokens * BYTES, tp_ranks) if tp > 1 else 0.0
+    ar_norm = prof.collective("all_reduce", mcfg.head_dim * BYTES, tp_ranks) if tp > 1 else 0.0
+    tp_forward_s = (2 * L + 1) * ar_act + 3 * ar_small
+
+    def hook(i: int) -> float:
+        return prof.copy(HOOK_COPY_FACTOR * BYTES * params[i].local_numel(tp))
+
+    units: list[tuple[float, tuple[int, ...]]] = []
+    by_layer: dict[int | None, list[int]] = {}
+    for i, p in enumerate(params):
+        by_layer.setdefault(p.layer, []).append(i)
+    top = [i for i in by_layer.get(None, []) if not params[i].name.startswith("embedding.")]
+    emb = [i for i in by_layer.get(None, []) if params[i].name.startswith("embedding.")]
+    # loss + output layer (dgrad and wgrad, then its input-grad all-reduce), final norm
+    head_s = bw.fixed_s + 4.0 * tokens * head_elems / bw.flops_per_s + ar_act
+    for i in sorted(top, reverse=True):
+        units.append((head_s + hook(i), (i,)))
+        head_s = 0.0
+    if head_s:
+        units.append((head_s, ()))
+    for layer in range(L - 1, -1, -1):
+        members = sorted(by_layer[layer], reverse=True)
+        for i in members:
+            p = params[i]
+            sec = bw.layer_s / len(members) + hook(i)
+            if is_matmul(i):
+                sec += 4.0 * tokens * p.local_numel(tp) / bw.flops_per_s
+            if p.name.endswith("linear_qkv.weight"):
+                sec += 2.0 * attn_layer / bw.flops_per_s + ar_act  # attention core; qkv input grad
+            elif p.name.endswith("linear_fc1.weight"):
+                sec += ar_act  # fc1 input grad
+            if p.tp_grad_allreduce and tp > 1:
+                sec += ar_norm
+            units.append((sec, (i,)))
+    for i in emb:
+        units.append((prof.copy(BYTES * tokens * mcfg.hidden) + hook(i), (i,)))
+    return ModelWork(forward_s, tp_forward_s, tuple(units), fwd_flops, tokens)

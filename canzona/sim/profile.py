@@ -1,0 +1,407 @@
+"""Device profiles: what compute and communication cost on one kind of machine.
+
+A profile is a YAML file (``profiles/NAME.yaml``), written by ``python -m canzona.calibrate``
+(``source: calibrated``) or derived from public specs (``source: spec-derived``, with the inputs
+listed under ``inputs``). Every key below is optional except ``name``; missing numbers fall back
+to flop / byte rates, so a spec profile needs no per-shape table::
+
+    name: h100
+    source: spec-derived | calibrated
+    device: {name, kind: cpu|cuda, host, date, torch, cores, threads}
+    topology: {ranks_per_node: 8}          # null: every rank on one node
+    compute:
+      matmul_flops_per_s: {float32: F, bfloat16: F}
+      eigh_flops_per_s: F
+      memory_bytes_per_s: B                # elementwise passes (fallback for the tables below)
+      call_overhead_s: s                   # per batched optimizer call, per shape (fallback)
+      overlap: 1.0                         # fraction of async comm hidden behind host compute
+    updates: {muon: {"MxN": s}, ...}       # one update of one matrix, refreshes amortised
+                                           # (canzona.cost.load_measured reads this table)
+    batched: {muon: {"MxN": {slope_s, overhead_s, refresh_s}}}  # steady-state batched calls
+    update_overhead_s: {muon: s}           # per call per shape group when a shape is unmeasured
+    ns_dtype: float32                      # the Newton-Schulz dtype the tables were timed in
+    adamw_seconds_per_element: s           # direction + apply, flat tensor
+    adamw_tensor_overhead_s: s
+    apply_seconds_per_element: s           # apply_update (decay + step) of a matrix shard
+    apply_call_overhead_s: s
+    copy_seconds_per_byte: s               # packing / unpacking collective buffers
+    copy_call_overhead_s: s
+    model:                                 # forward / backward of the Qwen3 model per rank
+      dtype: float32 | bfloat16
+      forward: {fixed_s, layer_s, flops_per_s}
+      backward: {fixed_s, layer_s, flops_per_s}
+    collectives:
+      intra: {all_reduce: {latency_s, step_latency_s, bandwidth_Bps}, reduce_scatter: ...,
+              all_gather: ..., all_to_all: ..., broadcast: ..., reduce: ...}
+      inter: {...}                         # groups spanning more than one node
+
+Collective model: ``latency_s + (steps(P) - 1)·step_latency_s + volume / bandwidth_Bps`` where
+``steps`` is the ring's step count (P-1; all-reduce 2(P-1); all-to-all 1: all pairs at once)
+and ``volume`` the bytes each rank moves over its bottleneck link (ring all-reduce
+2(P-1)/P·N, reduce-scatter / all-gather (P-1)/P·N of the full N-byte buffer, broadcast /
+reduce N, all-to-all: the most any rank sends or receives off-rank). A group spanning more than
+one node uses the ``inter`` level throughout (its ring crosses the network; one NIC per GPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from canzona.cost import ADAMW_FLOPS_PER_ELEMENT, muon_flops, shampoo_flops, soap_flops
+from canzona.inventory import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES_DIR = REPO / "profiles"
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
+LEVELS = ("intra", "inter")
+# Elementwise passes over the matrix (4-byte reads + writes) besides the matmuls, per update:
+# Muon's momentum lerp, Nesterov lerp, normalisation and scale; Shampoo / SOAP's moments,
+# grafting / rotated Adam, bias corrections.
+ELEMENTWISE_PASSES = {"muon": 8.0, "shampoo": 16.0, "soap": 16.0}
+# AdamW direction + apply: read grad, m, v, param; write m, v, param and temporaries.
+ADAMW_BYTES_PER_ELEMENT = 40.0
+APPLY_BYTES_PER_ELEMENT = 16.0  # param *= (1 - lr wd); param += -lr U: two read+write passes
+NEVER = 10**15  # a precondition frequency whose refresh never happens: the steady-state step
+
+
+def ring_steps(kind: str, p: int) -> int:
+    if p <= 1:
+        return 0
+    if kind == "all_reduce":
+        return 2 * (p - 1)
+    if kind == "all_to_all":
+        return 1
+    return p - 1
+
+
+def volume(kind: str, p: int, nbytes: float) -> float:
+    """Bytes each rank moves over its bottleneck link (see the module docstring)."""
+    if p <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2.0 * (p - 1) / p * nbytes
+    if kind in ("reduce_scatter", "all_gather"):
+        return (p - 1) / p * nbytes
+    return float(nbytes)  # broadcast, reduce, all_to_all (caller passes the busiest rank's bytes)
+
+
+@dataclass(frozen=True)
+class Link:
+    latency_s: float
+    bandwidth_Bps: float
+    step_latency_s: float = 0.0
+
+    def parts(self, kind: str, p: int, nbytes: float) -> tuple[float, float]:
+        """(latency seconds, transfer seconds)."""
+        if p <= 1:
+            return 0.0, 0.0
+        steps = ring_steps(kind, p)
+        return self.latency_s + max(0, steps - 1) * self.step_latency_s, volume(kind, p, nbytes) / self.bandwidth_Bps
+
+    def seconds(self, kind: str, p: int, nbytes: float) -> float:
+        return sum(self.parts(kind, p, nbytes))
+
+
+@dataclass(frozen=True)
+class PassTiming:
+    """``fixed_s + layers·layer_s + flops / flops_per_s`` for one forward or backward pass."""
+
+    fixed_s: float
+    layer_s: float
+    flops_per_s: float
+
+    def seconds(self, flops: float, layers: int) -> float:
+        return self.fixed_s + layers * self.layer_s + flops / self.flops_per_s
+
+
+def _shape_key(m: int, n: int) -> str:
+    return f"{m}x{n}"
+
+
+def _parse(key: str) -> tuple[int, int]:
+    m, n = key.split("x")
+    return int(m), int(n)
+
+
+def steady_flops(optimizer: str, m: int, n: int, ns_steps: int = 5) -> float:
+    """Flops of one update without a preconditioner refresh (the median step)."""
+    if optimizer == "muon":
+        return muon_flops(m, n, ns_steps)
+    if optimizer == "shampoo":
+        return shampoo_flops(m, n, NEVER)
+    if optimizer == "soap":
+        return soap_flops(m, n, NEVER)
+    return ADAMW_FLOPS_PER_ELEMENT * m * n
+
+
+def refresh_flops(optimizer: str, m: int, n: int) -> float:
+    """Extra flops of a refresh step (eigendecompositions / power-QR), 0 for Muon."""
+    if optimizer in ("shampoo", "soap"):
+        fn = shampoo_flops if optimizer == "shampoo" else soap_flops
+        return fn(m, n, 1) - fn(m, n, NEVER)
+    return 0.0
+
+
+class Profile:
+    """A loaded profile. Every method returns seconds."""
+
+    def __init__(self, data: dict[str, Any], path: str | None = None):
+        if not isinstance(data, dict) or not data.get("name"):
+            raise ConfigError(f"profile {path or ''} must be a mapping with a name")
+        self.raw, self.path = data, path
+        self.name = str(data["name"])
+        self.source = str(data.get("source", "unknown"))
+        self.device = dict(data.get("device") or {})
+        topo = data.get("topology") or {}
+        self.ranks_per_node: int | None = topo.get("ranks_per_node")
+        comp = data.get("compute") or {}
+        self.matmul_flops = {k: float(v) for k, v in (comp.get("matmul_flops_per_s") or {}).items()}
+        if "float32" not in self.matmul_flops:
+            raise ConfigError(f"profile {self.name}: compute.matmul_flops_per_s.float32 is required")
+        self.eigh_flops = float(comp.get("eigh_flops_per_s", self.matmul_flops["float32"] * 0.05))
+        self.memory_Bps = float(comp.get("memory_bytes_per_s", 1e10))
+        self.call_overhead_s = float(comp.get("call_overhead_s", 0.0))
+        self.overlap = float(comp.get("overlap", 1.0))
+        self.updates = {o: {k: float(v) for k, v in (t or {}).items()} for o, t in (data.get("updates") or {}).items()}
+        self.batched = {o: dict(t or {}) for o, t in (data.get("batched") or {}).items()}
+        self.update_overhead = {o: float(v) for o, v in (data.get("update_overhead_s") or {}).items()}
+        self.table_ns_dtype = str(data.get("ns_dtype", "float32"))
+        self.precondition_frequency = int(data.get("precondition_frequency", 10))
+        self.adamw_s_per_elem = float(data.get("adamw_seconds_per_element", ADAMW_BYTES_PER_ELEMENT / self.memory_Bps))
+        self.adamw_tensor_overhead_s = float(data.get("adamw_tensor_overhead_s", self.call_overhead_s))
+        self.apply_s_per_elem = float(data.get("apply_seconds_per_element", APPLY_BYTES_PER_ELEMENT / self.memory_Bps))
+        self.apply_call_overhead_s = float(data.get("apply_call_overhead_s", self.call_overhead_s))
+        self.copy_s_per_byte = float(data.get("copy_seconds_per_byte", 2.0 / self.memory_Bps))
+        self.copy_call_overhead_s = float(data.get("copy_call_overhead_s", 0.0))
+        model = data.get("model") or {}
+        self.model_dtype = str(model.get("dtype", "float32"))
+        fallback = PassTiming(0.0, 0.0, self.matmul_flops.get(self.model_dtype, self.matmul_flops["float32"]) * 0.5)
+        self.forward = _pass(model.get("forward"), fallback)
+        self.backward = _pass(model.get("backward"), fallback)
+        self.links: dict[str, dict[str, Link]] = {}
+        coll = data.get("collectives") or {}
+        for level in LEVELS:
+            if level in coll:
+                self.links[level] = {k: _link(v) for k, v in coll[level].items()}
+        if "intra" not in self.links:
+            raise ConfigError(f"profile {self.name}: collectives.intra is required")
+        for level, links in self.links.items():
+            missing = [k for k in COLLECTIVES if k not in links]
+            if missing:
+                raise ConfigError(f"profile {self.name}: collectives.{level} lacks {', '.join(missing)}")
+
+    # ------------------------------------------------------------------ description
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source, "path": self.path, "device": self.device.get("name"),
+                "ranks_per_node": self.ranks_per_node}
+
+    @property
+    def activation_bytes(self) -> int:
+        return 2 if self.model_dtype in ("bfloat16", "float16") else 4
+
+    # ------------------------------------------------------------------ communication
+    def level(self, ranks: Sequence[int]) -> str:
+        if self.ranks_per_node is None or "inter" not in self.links:
+            return "intra"
+        nodes = {r // self.ranks_per_node for r in ranks}
+        return "inter" if len(nodes) > 1 else "intra"
+
+    def collective_parts(self, kind: str, nbytes: float, ranks: Sequence[int]) -> tuple[float, float]:
+        """(latency, transfer) seconds of one collective over `ranks` (global ranks; their nodes
+        pick the level). Only the transfer part keeps a CPU busy (gloo copies)."""
+        if kind not in COLLECTIVES:
+            raise ValueError(f"unknown collective {kind!r}")
+        return self.links[self.level(ranks)][kind].parts(kind, len(ranks), nbytes)
+
+    def collective(self, kind: str, nbytes: float, ranks: Sequence[int]) -> float:
+        """Seconds of one collective over `ranks`."""
+        return sum(self.collective_parts(kind, nbytes, ranks))
+
+    # ------------------------------------------------------------------ optimizer compute
+    def _matmul_rate(self, optimizer: str, ns_dtype: str) -> float:
+        dtype = ns_dtype if optimizer == "muon" else "float32"
+        return self.matmul_flops.get(dtype, self.matmul_flops["float32"])
+
+    def _flops_seconds(self, optimizer: str, m: int, n: int, ns_dtype: str, ns_steps: int) -> float:
+        passes = ELEMENTWISE_PASSES.get(optimizer, 0.0)
+        return steady_flops(optimizer, m, n, ns_steps) / self._matmul_rate(optimizer, ns_dtype) + passes * 4.0 * m * n / self.memory_Bps
+
+    def matrix_batch(self, optimizer: str, m: int, n: int, ns_dtype: str = "float32", ns_steps: int = 5) -> tuple[float, float]:
+        """(overhead_s, slope_s): one batched call over c matrices of shape m×n costs overhead + c·slope."""
+        table = self.batched.get(optimizer) or {}
+        key = _shape_key(m, n)
+        default_overhead = self.update_overhead.get(optimizer, self.call_overhead_s)
+        dtype_scale = 1.0
+        if optimizer == "muon" and ns_dtype != self.table_ns_dtype and table:
+            dtype_scale = self._matmul_rate("muon", self.table_ns_dtype) / self._matmul_rate("muon", ns_dtype)
+        if key in table:
+            e = table[key]
+            return float(e.get("overhead_s", default_overhead)), float(e["slope_s"]) * dtype_scale
+        if table:
+            # nearest measured shape by steady flops, scaled by the flops ratio (as MeasuredCost)
+            target = steady_flops(optimizer, m, n, ns_steps)
+            best = min(table, key=lambda k: abs(steady_flops(optimizer, *_parse(k), ns_steps) - target))
+            ref = steady_flops(optimizer, *_parse(best), ns_steps)
+            return default_overhead, float(table[best]["slope_s"]) * target / ref * dtype_scale
+        return default_overhead, self._flops_seconds(optimizer, m, n, ns_dtype, ns_steps)
+
+    def matrix_call(self, optimizer: str, shapes: Iterable[tuple[int, int]], ns_dtype: str = "float32",
+                    ns_steps: int = 5) -> float:
+        """One `MatrixUpdates.directions` call over these matrices (equal shapes batch together)."""
+        counts: dict[tuple[int, int], int] = {}
+        for s in shapes:
+            counts[s] = counts.get(s, 0) + 1
+        total = 0.0
+        for (m, n), c in counts.items():
+            overhead, slope = self.matrix_batch(optimizer, m, n, ns_dtype, ns_steps)
+            total += overhead + c * slope
+        return total
+
+    # ------------------------------------------------------------------ elementwise work
+    def adamw(self, sizes: Iterable[int]) -> float:
+        """AdamW direction + apply over tensors of these element counts."""
+        sizes = list(sizes)
+        return len(sizes) * self.adamw_tensor_overhead_s + sum(sizes) * self.adamw_s_per_elem
+
+    def apply(self, sizes: Iterable[int]) -> float:
+        sizes = list(sizes)
+        return len(sizes) * self.apply_call_overhead_s + sum(sizes) * self.apply_s_per_elem
+
+    def copy(self, nbytes: float, calls: int = 1) -> float:
+        return calls * self.copy_call_overhead_s + nbytes * self.copy_s_per_byte
+
+
+def _pass(d: dict[str, Any] | None, fallback: PassTiming) -> PassTiming:
+    if not d:
+        return fallback
+    return PassTiming(float(d.get("fixed_s", 0.0)), float(d.get("layer_s", 0.0)), float(d["flops_per_s"]))
+
+
+def _link(d: dict[str, Any]) -> Link:
+    return Link(float(d["latency_s"]), float(d["bandwidth_Bps"]), float(d.get("step_latency_s", 0.0)))
+
+
+def load_profile(profile: str | Path | dict[str, Any] | Profile) -> Profile:
+    """A Profile from an instance, a dict, a YAML path, or a name under ``profiles/``."""
+    if isinstance(profile, Profile):
+        return profile
+    if isinstance(profile, dict):
+        return Profile(profile)
+    path = Path(profile)
+    if not path.exists() and not path.suffix:
+        path = PROFILES_DIR / f"{profile}.yaml"
+    if not path.exists():
+        have = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))) or "none"
+        raise ConfigError(f"profile {str(profile)!r} not found (a YAML path, or one of: {have})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"profile {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    return Profile(data, str(path))
+
+
+# ---------------------------------------------------------------------------------- spec-derived
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Public datasheet numbers for one GPU and its node/cluster fabric."""
+
+    name: str
+    device: str
+    bf16_tflops: float  # dense tensor-core peak
+    fp32_tflops: float  # non-tensor FP32 peak (torch fp32 matmul without TF32)
+    hbm_TBps: float
+    nvlink_GBps: float  # per GPU, per direction
+    network_GBps: float  # per GPU (one NIC per GPU), per direction
+    sources: tuple[str, ...]
+    ranks_per_node: int = 8
+    nvlink_latency_s: float = 3e-6  # per NCCL ring step within a node
+    network_latency_s: float = 8e-6  # per NCCL ring step across nodes
+    launch_s: float = 1e-5  # per collective / kernel launch
+
+
+# Efficiency factors applied to the peaks (stated in every spec profile's ``inputs``).
+EFFICIENCY = {
+    "optimizer_matmul": 0.60,  # batched Newton-Schulz / preconditioner GEMMs of these sizes
+    "eigh_of_fp32_peak": 0.10,  # cuSOLVER syevd reaches a small fraction of peak
+    "model_mfu": 0.40,  # Megatron dense bf16 training, model flops utilisation
+    "memory": 0.75,  # achieved / peak HBM bandwidth for elementwise kernels
+    "nvlink_busbw": 0.80,  # NCCL bus bandwidth / NVLink peak
+    "network_busbw": 0.85,  # NCCL bus bandwidth / NIC line rate
+}
+
+SPECS = {
+    "h100": DeviceSpec(
+        "h100", "NVIDIA H100 SXM5 80GB", 989.4, 66.9, 3.35, 450.0, 50.0,
+        ("NVIDIA H100 Tensor Core GPU datasheet: BF16 989.4 TFLOPS dense, FP32 66.9 TFLOPS, "
+         "HBM3 3.35 TB/s, NVLink 900 GB/s bidirectional",
+         "NVIDIA DGX H100 user guide: 8x ConnectX-7 400 Gb/s InfiniBand NDR for the compute fabric"),
+    ),
+    "h200": DeviceSpec(
+        "h200", "NVIDIA H200 SXM 141GB", 989.4, 66.9, 4.8, 450.0, 50.0,
+        ("NVIDIA H200 Tensor Core GPU datasheet: BF16 989 TFLOPS dense, FP32 67 TFLOPS, "
+         "HBM3e 4.8 TB/s, NVLink 900 GB/s bidirectional",
+         "NVIDIA DGX H200: 8x ConnectX-7 400 Gb/s InfiniBand NDR for the compute fabric"),
+    ),
+    "a100": DeviceSpec(
+        "a100", "NVIDIA A100 SXM4 80GB", 312.0, 19.5, 2.039, 300.0, 25.0,
+        ("NVIDIA A100 Tensor Core GPU datasheet: BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, "
+         "HBM2e 2,039 GB/s, NVLink 600 GB/s bidirectional",
+         "NVIDIA DGX A100 user guide: 8x ConnectX-6 200 Gb/s InfiniBand HDR for the compute fabric"),
+        network_latency_s=1e-5,
+    ),
+}
+
+
+def spec_profile(key: str) -> dict[str, Any]:
+    """The spec-derived profile dict for one of `SPECS` (what ``profiles/<key>.yaml`` holds)."""
+    s = SPECS[key]
+    e = EFFICIENCY
+    mem = s.hbm_TBps * 1e12 * e["memory"]
+
+    def level(bw_GBps: float, eff: float, step_s: float) -> dict[str, dict[str, float]]:
+        link = {"latency_s": s.launch_s + step_s, "step_latency_s": step_s, "bandwidth_Bps": bw_GBps * 1e9 * eff}
+        return {k: dict(link) for k in COLLECTIVES}
+
+    return {
+        "name": key,
+        "source": "spec-derived",
+        "description": f"{s.device}, nodes of {s.ranks_per_node} GPUs (NVLink inside a node, InfiniBand across), "
+                       "derived from public specs times the stated efficiency factors; replace with "
+                       "`python -m canzona.calibrate` on the machine when you have one",
+        "device": {"name": s.device, "kind": "cuda", "host": None, "date": None, "torch": None, "cores": None},
+        "inputs": {
+            "peak_bf16_tflops": s.bf16_tflops, "peak_fp32_tflops": s.fp32_tflops, "hbm_TBps": s.hbm_TBps,
+            "nvlink_GBps_per_direction": s.nvlink_GBps, "network_GBps_per_gpu": s.network_GBps,
+            "nvlink_step_latency_s": s.nvlink_latency_s, "network_step_latency_s": s.network_latency_s,
+            "launch_s": s.launch_s, "efficiency": dict(e), "sources": list(s.sources),
+        },
+        "topology": {"ranks_per_node": s.ranks_per_node},
+        "compute": {
+            "matmul_flops_per_s": {"float32": s.fp32_tflops * 1e12 * e["optimizer_matmul"],
+                                   "bfloat16": s.bf16_tflops * 1e12 * e["optimizer_matmul"]},
+            "eigh_flops_per_s": s.fp32_tflops * 1e12 * e["eigh_of_fp32_peak"],
+            "memory_bytes_per_s": mem,
+            "call_overhead_s": 5 * s.launch_s,
+            "overlap": 1.0,
+        },
+        "adamw_seconds_per_element": ADAMW_BYTES_PER_ELEMENT / mem,
+        "adamw_tensor_overhead_s": s.launch_s,
+        "apply_seconds_per_element": APPLY_BYTES_PER_ELEMENT / mem,
+        "apply_call_overhead_s": s.launch_s,
+        "copy_seconds_per_byte": 2.0 / mem,
+        "copy_call_overhead_s": s.launch_s,
+        "model": {
+            "dtype": "bfloat16",
+            "forward": {"fixed_s": 1e-3, "layer_s": 2e-4, "flops_per_s": s.bf16_tflops * 1e12 * e["model_mfu"]},
+            "backward": {"fixed_s": 1e-3, "layer_s": 4e-4, "flops_per_s": s.bf16_tflops * 1e12 * e["model_mfu"]},
+        },
+        "collectives": {
+            "intra": level(s.nvlink_GBps, e["nvlink_busbw"], s.nvlink_latency_s),
+            "inter": level(s.network_GBps, e["network_busbw"], s.network_latency_s),
+        },
+    }

@@ -1,0 +1,128 @@
+"""A discrete per-rank timeline: host clocks, comm streams, collectives that synchronise groups.
+
+Each rank has a host clock (what its Python thread / compute stream is doing) and one comm
+stream per process-group kind ("dp", "tp"). The simulator drives the timeline SPMD-style: it
+applies an operation to a set of ranks at once, in the program order every rank follows, so a
+collective is only created once every member has reached it. Rules:
+
+- host work advances that rank's host clock;
+- a collective starts when every member has issued it (their host clocks) and every member's
+  stream for that group kind is free, runs for the profile's time, and occupies those streams
+  (collectives of one group kind run in issue order, as on one NCCL communicator or gloo pair);
+- waiting on a collective moves the host clock to its end (if later);
+- ``overlap`` < 1 (CPU / gloo: communication shares the cores with compute): a fraction
+  ``1 - overlap`` of each collective's transfer time (its latency keeps no core busy) is
+  charged to each member's host as a debt, paid by the next host work, less whatever time the
+  host spent idle waiting meanwhile.
+
+``scale`` multiplies every duration (oversubscribed CPU cores); the simulator may change it
+between segments of the iteration.
+Phases are recorded as the executor's `StepTimer` records them: ``{"name", "cat", "start_ms",
+"dur_ms"}`` per block, with the block's milliseconds accumulated per phase name.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+# Phase name -> timeline category: `canzona.executor.timing.CATEGORY` (kept here so that the
+# simulator does not import torch; a unit test pins the two equal).
+CATEGORY = {
+    "forward": "model",
+    "backward": "model",
+    "grad_reduce": "comm",
+    "gather": "comm",
+    "compute": "compute",
+    "scatter": "comm",
+    "apply": "compute",
+    "param_sync": "comm",
+    "wait": "wait",
+}
+
+
+@dataclass
+class Handle:
+    label: str
+    start: float
+    end: float
+
+
+class Timeline:
+    def __init__(self, world: int, overlap: float = 1.0, scale: float = 1.0):
+        self.world = world
+        self.overlap = min(1.0, max(0.0, overlap))
+        self.scale = scale
+        self.cpu = [0.0] * world
+        self.debt = [0.0] * world
+        self.streams: dict[str, list[float]] = defaultdict(lambda: [0.0] * world)
+        self.events: list[list[dict]] = [[] for _ in range(world)]
+        self.stream_events: list[list[dict]] = [[] for _ in range(world)]
+        self.phase_s: list[dict[str, float]] = [defaultdict(float) for _ in range(world)]
+        self.marks: list[dict[str, float]] = [{} for _ in range(world)]
+        self.busy = [0.0] * world  # host work done (seconds), for CPU-sharing estimates
+
+    # ------------------------------------------------------------------ host side
+    def host(self, r: int, seconds: float) -> None:
+        """Host work on rank r (plus any communication debt it has to pay)."""
+        dur = seconds * self.scale + self.debt[r]
+        self.cpu[r] += dur
+        self.busy[r] += dur
+        self.debt[r] = 0.0
+
+    def wait(self, r: int, handle: Handle) -> None:
+        idle = max(0.0, handle.end - self.cpu[r])
+        self.cpu[r] = max(self.cpu[r], handle.end)
+        self.debt[r] = max(0.0, self.debt[r] - idle)
+
+    def mark(self, ranks: Sequence[int], name: str) -> None:
+        for r in ranks:
+            self.marks[r][name] = self.cpu[r]
+            self.marks[r][f"{name}:busy"] = self.busy[r]
+
+    @contextmanager
+    def phase(self, ranks: Sequence[int], name: str, label: str | None = None) -> Iterator[None]:
+        """A `StepTimer.phase` block on each of `ranks`."""
+        starts = [self.cpu[r] for r in ranks]
+        yield
+        for r, s in zip(ranks, starts):
+            dur = self.cpu[r] - s
+            self.phase_s[r][name] += dur
+            self.events[r].append({"name": label or name, "cat": CATEGORY.get(name, name),
+                                   "start_ms": s * 1e3, "dur_ms": dur * 1e3})
+
+    # ------------------------------------------------------------------ collectives
+    def collective(self, ranks: Sequence[int], stream: str, seconds: float, label: str,
+                   transfer_s: float | None = None) -> Handle:
+        """Issue one collective over `ranks` (each at its current host time); returns its handle.
+        `transfer_s`: the part of `seconds` that keeps a CPU busy (default: all of it)."""
+        dur = seconds * self.scale
+        busy = (seconds if transfer_s is None else transfer_s) * self.scale
+        clocks = self.streams[stream]
+        start = max(max(self.cpu[r], clocks[r]) for r in ranks)
+        end = start + dur
+        for r in ranks:
+            clocks[r] = end
+            if dur > 0:
+                self.stream_events[r].append({"name": label, "cat": "comm", "start_ms": start * 1e3,
+                                              "dur_ms": dur * 1e3, "lane": f"{stream} stream"})
+                self.debt[r] += (1.0 - self.overlap) * busy
+        return Handle(label, start, end)
+
+    def blocking(self, ranks: Sequence[int], stream: str, seconds: float, label: str) -> Handle:
+        """A synchronous collective: issue, then every member waits for it."""
+        h = self.collective(ranks, stream, seconds, label, 0.0)
+        for r in ranks:
+            self.wait(r, h)
+            self.debt[r] = 0.0  # the host was blocked for the whole collective
+        return h
+
+    # ------------------------------------------------------------------ results
+    def phases_ms(self, r: int) -> dict[str, float]:
+        return {k: v * 1e3 for k, v in self.phase_s[r].items()}
+
+    def rank_events(self, r: int, with_streams: bool = True) -> list[dict]:
+        evs = list(self.events[r]) + (list(self.stream_events[r]) if with_streams else [])
+        return sorted(evs, key=lambda e: e["start_ms"])  # stable: blocks keep their program order

@@ -1,0 +1,222 @@
+"""Predicted vs measured: run the simulator on recorded trials and report the error.
+
+- `compare(trial_dir, profile)`: one trial folder (config.yaml, summary.json, steps.jsonl).
+- `compare_sweep(sweep_dir, profile)`: every finished trial under a folder, plus the median
+  absolute % error and the worst case per method and overall.
+- CLI: ``python -m canzona.sim.validate DIR [profile=profiles/local.yaml] [--json]``.
+
+Measured values are the trial's own aggregates: per measured step the max over ranks, then the
+median over steps (``summary.json``'s ``*_median``; phases from ``steps.jsonl`` the same way).
+Errors are signed ``100·(predicted − measured) / measured``.
+
+A shared machine is faster or slower at trial time than at calibration time. Besides the raw
+error each row therefore carries a *load-adjusted* one: the prediction times the trial's
+``load_factor`` = measured ÷ predicted forward + backward (the model's work is the same for
+every method, so this factor measures the machine, not the method). The raw error says how far
+to trust an absolute projection; the adjusted one how far to trust the simulator's structure
+(balance, communication, overlap), which is what carries over to another device profile.
+
+The simulator re-plans each trial from its config with today's planner. When the recorded plan
+(micro-group counts, memory imbalance in summary.json) differs -- the planner or cost model
+changed since the trial ran -- the row says ``plan_matches: False`` and the summaries leave it
+out (``excluded``): its prediction is of a different plan.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from canzona.config import load_config
+from canzona.records import read_jsonl
+from canzona.sim.profile import Profile, load_profile
+from canzona.sim.simulate import PHASES, project
+
+METRICS = ("optimizer_step_ms", "iteration_ms", "param_sync_ms", "grad_reduce_ms")
+HEADLINE = ("optimizer_step_ms", "iteration_ms")
+ADJUSTED = ("optimizer_step_ms",)
+MIN_MEASURED_MS = 0.5  # below this a relative error means nothing (an empty phase)
+
+
+def _measured_phases(steps: list[dict[str, Any]]) -> dict[str, float]:
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for r in steps:
+        if r.get("measured"):
+            by_step.setdefault(r["step"], []).append(r)
+    out = {}
+    for p in PHASES:
+        vals = [max(float(r.get(f"{p}_ms") or 0.0) for r in rows) for rows in by_step.values()]
+        if vals:
+            out[p] = statistics.median(vals)
+    return out
+
+
+def _error(pred: float | None, meas: float | None) -> float | None:
+    if pred is None or meas is None or meas < MIN_MEASURED_MS:
+        return None
+    return 100.0 * (pred - meas) / meas
+
+
+def _same_plan(recorded: dict[str, Any], planned: dict[str, Any]) -> bool | None:
+    """Whether the trial's recorded plan is today's: same micro-group counts and the same memory
+    imbalance (elements owned per rank: independent of the cost model's units). None: nothing
+    recorded to compare."""
+    groups = recorded.get("micro_groups")
+    mem = (recorded.get("imbalance") or {}).get("memory")
+    if groups is None and mem is None:
+        return None
+    if groups is not None and list(groups) != list(planned["micro_groups"]):
+        return False
+    return mem is None or abs(mem - planned["imbalance"]["memory"]) <= 1e-6 * max(1.0, abs(mem))
+
+
+def compare(trial_dir: str | Path, profile: Any) -> dict[str, Any]:
+    """Predicted vs measured for one recorded trial; a flat row (plus ``phases``)."""
+    trial_dir = Path(trial_dir)
+    prof = load_profile(profile)
+    raw = yaml.safe_load((trial_dir / "config.yaml").read_text())
+    raw.pop("out", None)
+    cfg = load_config(base=raw)
+    summary = json.loads((trial_dir / "summary.json").read_text())
+    steps = read_jsonl(trial_dir / "steps.jsonl") if (trial_dir / "steps.jsonl").exists() else []
+    pred = project(cfg, prof, events="none")
+    rec = summary.get("plan") or {}
+    row: dict[str, Any] = {
+        "trial": trial_dir.name, "method": cfg.method, "optimizer": cfg.optimizer.name,
+        "model": cfg.model_cfg().name, "dp": cfg.parallel.dp, "tp": cfg.parallel.tp,
+        "dp_collective": cfg.dist.dp_collective, "profile": prof.name,
+        "plan_matches": _same_plan(rec, pred["plan"]),
+    }
+    for m in METRICS:
+        meas = summary.get(f"{m}_median")
+        p = pred[m]
+        row[f"{m}_predicted"] = p
+        row[f"{m}_measured"] = meas
+        row[f"{m}_error_pct"] = _error(p, meas)
+    measured_phases = _measured_phases(steps)
+    model_pred = pred["phases_ms"]["forward"] + pred["phases_ms"]["backward"]
+    model_meas = (measured_phases.get("forward") or 0.0) + (measured_phases.get("backward") or 0.0)
+    row["load_factor"] = model_meas / model_pred if model_pred > 0 and model_meas > 0 else None
+    for m in ADJUSTED:
+        adj = row[f"{m}_predicted"] * row["load_factor"] if row["load_factor"] else None
+        row[f"{m}_adjusted"] = adj
+        row[f"{m}_adjusted_error_pct"] = _error(adj, row[f"{m}_measured"])
+    row["phases"] = {
+        ph: {"predicted": pred["phases_ms"][ph], "measured": measured_phases.get(ph),
+             "error_pct": _error(pred["phases_ms"][ph], measured_phases.get(ph))}
+        for ph in PHASES if ph in measured_phases or pred["phases_ms"][ph] > 0
+    }
+    row["assumptions"] = pred["assumptions"]
+    return row
+
+
+def trial_dirs(sweep_dir: str | Path) -> list[Path]:
+    """Finished trials under a folder (any depth): folders holding summary.json and config.yaml
+    whose status.json, if any, says done."""
+    out = []
+    for s in sorted(Path(sweep_dir).rglob("summary.json")):
+        d = s.parent
+        if not (d / "config.yaml").exists():
+            continue
+        status = d / "status.json"
+        if status.exists():
+            try:
+                if json.loads(status.read_text()).get("status") != "done":
+                    continue
+            except (OSError, json.JSONDecodeError):
+                continue
+        out.append(d)
+    return out
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median absolute % error and the worst case, per method and overall, for each headline metric."""
+    def stats(sub: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"trials": len(sub)}
+        for m in HEADLINE + tuple(f"{a}_adjusted" for a in ADJUSTED):
+            errs = [(abs(r[f"{m}_error_pct"]), r) for r in sub if r.get(f"{m}_error_pct") is not None]
+            if not errs:
+                continue
+            worst = max(errs, key=lambda e: e[0])
+            out[f"{m}_median_abs_error_pct"] = statistics.median(e for e, _ in errs)
+            out[f"{m}_worst_abs_error_pct"] = worst[0]
+            out[f"{m}_worst_trial"] = worst[1]["trial"]
+        return out
+
+    excluded = [r["trial"] for r in rows if r.get("plan_matches") is False]
+    rows = [r for r in rows if r.get("plan_matches") is not False]
+    methods = sorted({r["method"] for r in rows})
+    return {
+        "by_method": [{"method": m, **stats([r for r in rows if r["method"] == m])} for m in methods],
+        "overall": stats(rows),
+        "excluded": excluded,
+    }
+
+
+def compare_sweep(sweep_dir: str | Path, profile: Any) -> dict[str, Any]:
+    """Every finished trial under `sweep_dir`: ``{"profile", "trials": [rows], "by_method": [...],
+    "overall": {...}, "errors": [...]}`` (rows as `compare`; a trial that cannot be simulated is
+    listed under errors, not raised)."""
+    prof: Profile = load_profile(profile)
+    rows, errors = [], []
+    for d in trial_dirs(sweep_dir):
+        try:
+            rows.append(compare(d, prof))
+        except Exception as e:  # noqa: BLE001 - one bad record must not hide the rest
+            errors.append({"trial": d.name, "error": f"{type(e).__name__}: {e}"})
+    return {"profile": prof.describe(), "trials": rows, **summarise(rows), "errors": errors}
+
+
+def to_frame(result: dict[str, Any]):
+    """The trials of `compare_sweep` as a pandas DataFrame (phases and assumptions dropped)."""
+    import pandas as pd
+
+    return pd.DataFrame([{k: v for k, v in r.items() if k not in ("phases", "assumptions")} for r in result["trials"]])
+
+
+def _fmt(v: float | None, pct: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+.0f}%" if pct else f"{v:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    paths = [a for a in argv if "=" not in a and not a.startswith("--")]
+    profile = next((a.split("=", 1)[1] for a in argv if a.startswith("profile=")), "profiles/local.yaml")
+    if len(paths) != 1:
+        print("usage: python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [profile=profiles/local.yaml] [--json]",
+              file=sys.stderr)
+        return 2
+    target = Path(paths[0])
+    res = compare_sweep(target, profile)
+    if "--json" in argv:
+        print(json.dumps(res, indent=2, default=str))
+        return 0
+    print(f"profile {res['profile']['name']} ({res['profile']['source']}); {len(res['trials'])} trials")
+    print(f"{'trial':48s} {'load':>5s} {'adj':>5s} {'step pred':>9s} {'meas':>7s} {'err':>5s}   {'iter pred':>9s} {'meas':>7s} {'err':>5s}")
+    for r in res["trials"]:
+        lf = f"{r['load_factor']:.2f}" if r.get("load_factor") else "-"
+        print(f"{r['trial'][:48]:48s} {lf:>5s} {_fmt(r.get('optimizer_step_ms_adjusted_error_pct'), True):>5s} {_fmt(r['optimizer_step_ms_predicted']):>9s} {_fmt(r['optimizer_step_ms_measured']):>7s} "
+              f"{_fmt(r['optimizer_step_ms_error_pct'], True):>5s}   {_fmt(r['iteration_ms_predicted']):>9s} "
+              f"{_fmt(r['iteration_ms_measured']):>7s} {_fmt(r['iteration_ms_error_pct'], True):>5s}")
+    for m in res["by_method"] + [{"method": "all", **res["overall"]}]:
+        print(f"  {m['method']:10s} n={m['trials']}: optimizer step median |err| "
+              f"{_fmt(m.get('optimizer_step_ms_median_abs_error_pct'))}% (worst {_fmt(m.get('optimizer_step_ms_worst_abs_error_pct'))}%), "
+              f"iteration {_fmt(m.get('iteration_ms_median_abs_error_pct'))}% (worst {_fmt(m.get('iteration_ms_worst_abs_error_pct'))}%); "
+              f"load-adjusted step {_fmt(m.get('optimizer_step_ms_adjusted_median_abs_error_pct'))}% "
+              f"(worst {_fmt(m.get('optimizer_step_ms_adjusted_worst_abs_error_pct'))}%)")
+    if res["excluded"]:
+        print(f"  left out (recorded plan differs from today's planner): {', '.join(res['excluded'])}")
+    for e in res["errors"]:
+        print(f"  could not simulate {e['trial']}: {e['error']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
