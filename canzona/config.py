@@ -19,7 +19,7 @@ METHODS = ("canzona", "sync", "layerwise", "adamw")
 OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
 COSTS = ("numel", "flops", "measured")
 GROUPINGS = ("global", "slot", "single", "none")
-DP_COLLECTIVES = ("padded", "reduce_loop", "all_to_all")
+DP_COLLECTIVES = ("auto", "padded", "reduce_loop", "all_to_all")
 SYNC_VARIANTS = ("all_reduce", "zero1_gather")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -85,7 +85,7 @@ class BucketSection:
 @dataclass
 class DistSection:
     device: str = "auto"
-    dp_collective: str = "padded"
+    dp_collective: str = "auto"
     sync_variant: str = "all_reduce"
     overlap_grad_reduce: bool = True
     timeout_s: float = 300.0

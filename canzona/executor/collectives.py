@@ -12,6 +12,10 @@ benchmarks:
 - ``all_to_all``: ``all_to_all_single`` with split sizes, then a local sum (reduce) or a
   placement (gather); each rank receives exactly what it needs.
 
+- ``auto`` (default): per bucket, ``padded`` when padding costs little (P × widest shard
+  ≤ 1.25 × the bucket), else ``reduce_loop``. Padding a bucket that holds one large matrix
+  would move P times that matrix; at 64+ DP ranks that dominates the iteration.
+
 Equal shards in rank order (Megatron's ZeRO-1) always take the even collectives directly.
 All functions return async `Work`-like handles whose ``wait()`` completes the operation,
 including the local copy-out; the caller must keep the handle until it waited.
@@ -44,20 +48,33 @@ class Pending:
             self.finish = None
 
 
-def _equal_in_order(ranges: Ranges) -> bool:
+def equal_in_order(ranges: Ranges) -> bool:
     widths = {b - a for a, b in ranges}
     return len(widths) == 1 and all(ranges[r][1] == ranges[r + 1][0] for r in range(len(ranges) - 1))
+
+
+PADDING_TOLERANCE = 1.25
+
+
+def resolve(ranges: Ranges, how: str) -> str:
+    """The implementation `how` means for this bucket (``auto`` picks per bucket)."""
+    if how != "auto":
+        return how
+    widest = max(b - a for a, b in ranges)
+    size = sum(b - a for a, b in ranges)  # the ranges cover the bucket
+    return "padded" if len(ranges) * widest <= PADDING_TOLERANCE * size else "reduce_loop"
 
 
 def reduce_scatter(
     buf: torch.Tensor, ranges: Ranges, me: int, group: dist.ProcessGroup, how: str, average: bool
 ) -> Pending:
     """Sum (then average) `buf`'s ranges over the group into rank `me`'s own range of `buf`."""
+    how = resolve(ranges, how)
     p = len(ranges)
     lo, hi = ranges[me]
     scale = 1.0 / p if average else 1.0
     start, end = ranges[0][0], ranges[-1][1]
-    if _equal_in_order(ranges):
+    if equal_in_order(ranges):
         out = torch.empty(hi - lo, dtype=buf.dtype, device=buf.device)
         work = dist.reduce_scatter_single(out, buf[start:end], group=group, async_op=True)
         return Pending([work], lambda: buf[lo:hi].copy_(out).mul_(scale))
@@ -96,10 +113,11 @@ def reduce_scatter(
 
 def all_gather(buf: torch.Tensor, ranges: Ranges, me: int, group: dist.ProcessGroup, how: str) -> Pending:
     """Every rank's range of `buf` from its owner to all ranks (in place in `buf`)."""
+    how = resolve(ranges, how)
     p = len(ranges)
     lo, hi = ranges[me]
     start, end = ranges[0][0], ranges[-1][1]
-    if _equal_in_order(ranges):
+    if equal_in_order(ranges):
         out = torch.empty(end - start, dtype=buf.dtype, device=buf.device)
         work = dist.all_gather_single(out, buf[lo:hi].contiguous(), group=group, async_op=True)
         return Pending([work], lambda: buf[start:end].copy_(out))

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from canzona.config import TrialConfig
+from canzona.executor.collectives import equal_in_order, resolve
 from canzona.plan.metrics import compute_metrics
 from canzona.plan.tp import MicroGroup
 from canzona.plan.types import Plan
@@ -53,11 +54,6 @@ PHASES = ("forward", "backward", "grad_reduce", "gather", "compute", "scatter", 
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _equal_in_order(ranges: Sequence[tuple[int, int]]) -> bool:
-    widths = {e - a for a, e in ranges}
-    return len(widths) == 1 and all(ranges[r][1] == ranges[r + 1][0] for r in range(len(ranges) - 1))
-
-
 @dataclass
 class _Pending:
     handles: list[Handle]
@@ -163,27 +159,28 @@ class _Sim:
             return _Pending([h], {r: prof.copy(nbytes) for r in ranks})
         ranges = plan.shard_ranges[b]
         own = [e - a for a, e in ranges]
-        if _equal_in_order(ranges):
+        how = resolve(ranges, self.how)
+        if equal_in_order(ranges):
             h = self.issue(ranks, "dp", self.coll("reduce_scatter", nbytes, ranks), label)
             handles, finish = [h], {r: prof.copy(2 * own[d] * BYTES) for d, r in enumerate(ranks)}
-        elif self.how == "padded":
+        elif how == "padded":
             widest = max(own)
             for r in ranks:
                 tl.host(r, prof.copy(p * widest * BYTES))
             h = self.issue(ranks, "dp", self.coll("reduce_scatter", p * widest * BYTES, ranks), label)
             handles, finish = [h], {r: prof.copy(2 * own[d] * BYTES) for d, r in enumerate(ranks)}
-        elif self.how == "reduce_loop":
+        elif how == "reduce_loop":
             handles = [self.issue(ranks, "dp", self.coll("reduce", w * BYTES, ranks), f"{label} r{d}")
                        for d, w in enumerate(own) if w > 0]
             finish = {r: prof.copy(own[d] * BYTES) for d, r in enumerate(ranks)}
-        elif self.how == "all_to_all":
+        elif how == "all_to_all":
             for r in ranks:
                 tl.host(r, prof.copy(nbytes))
             busiest = max(max(bucket.numel - w, (p - 1) * w) for w in own) * BYTES
             h = self.issue(ranks, "dp", self.coll("all_to_all", busiest, ranks), label)
             handles, finish = [h], {r: prof.copy((p + 1) * own[d] * BYTES) for d, r in enumerate(ranks)}
         else:
-            raise ValueError(f"unknown dp_collective {self.how!r}")
+            raise ValueError(f"unknown dp_collective {how!r}")
         pend = _Pending(handles, finish)
         if plan.method == "sync":  # zero1_gather: the full gradients come back
             pend.regather = (ranks, self._all_gather_seconds(ranges, ranks))
@@ -193,11 +190,12 @@ class _Sim:
     def _all_gather_seconds(self, ranges: Sequence[tuple[int, int]], ranks: list[int]) -> tuple[float, float]:
         own = [e - a for a, e in ranges]
         total = sum(own)
-        if _equal_in_order(ranges):
+        how = resolve(ranges, self.how)
+        if equal_in_order(ranges):
             return self.coll("all_gather", total * BYTES, ranks)
-        if self.how == "padded":
+        if how == "padded":
             return self.coll("all_gather", len(own) * max(own) * BYTES, ranks)
-        if self.how == "reduce_loop":
+        if how == "reduce_loop":
             parts = [self.coll("broadcast", w * BYTES, ranks) for w in own if w > 0]
             return sum(a for a, _ in parts), sum(b for _, b in parts)
         busiest = max(max((len(own) - 1) * w, total - w) for w in own) * BYTES
@@ -349,13 +347,14 @@ class _Sim:
                 for b, ranges in enumerate(plan.shard_ranges):
                     own = [e - a for a, e in ranges]
                     bucket_bytes = sum(own) * BYTES
-                    if not _equal_in_order(ranges) and self.how == "padded":
+                    how = resolve(ranges, self.how)
+                    if not equal_in_order(ranges) and how == "padded":
                         for r in ranks:
                             tl.host(r, prof.copy(max(own) * BYTES))
-                    elif not _equal_in_order(ranges) and self.how == "all_to_all":
+                    elif not equal_in_order(ranges) and how == "all_to_all":
                         for d, r in enumerate(ranks):
                             tl.host(r, prof.copy(p * own[d] * BYTES))
-                    if _equal_in_order(ranges) or self.how != "reduce_loop":
+                    if equal_in_order(ranges) or how != "reduce_loop":
                         hs = [self.issue(ranks, "dp", self._all_gather_seconds(ranges, ranks), f"param_sync b{b}")]
                         fin = {r: prof.copy(bucket_bytes - own[d] * BYTES) for d, r in enumerate(ranks)}
                     else:

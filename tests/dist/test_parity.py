@@ -40,6 +40,7 @@ def _combos() -> list[tuple[str, str, list[str]]]:
     combos += [
         ("canzona", "muon", ["model.split_fused=true"]),
         ("canzona", "muon", ["canzona.pipeline_depth=0"]),
+        ("canzona", "muon", ["dist.dp_collective=padded"]),
         ("canzona", "muon", ["dist.dp_collective=reduce_loop"]),
         ("canzona", "muon", ["dist.dp_collective=all_to_all"]),
         ("canzona", "shampoo", ["canzona.grouping=single", "canzona.alpha=0.5"]),
