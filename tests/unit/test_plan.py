@@ -308,3 +308,27 @@ def test_cli_errors_are_one_line_exit_2(args: list[str], needle: str) -> None:
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    model=st.sampled_from(["qwen3-0.6b", "qwen3-4b", "qwen3-8b"]),
+    dp=st.integers(1, 12),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    alpha=st.sampled_from([0.0, 0.3, 1.0]),
+    bucket=st.sampled_from([50_000, 400_000, None]),
+    grouping=st.sampled_from(["global", "slot", "single", "none"]),
+)
+def test_canzona_plan_properties(model: str, dp: int, tp: int, alpha: float, bucket, grouping: str) -> None:
+    """Any layout: every matrix owned once, shards tile each bucket at param starts, rank-independent."""
+    args = [f"model={model}", "model.width_div=16", "model.num_layers=3", f"parallel.dp={dp}", f"parallel.tp={tp}",
+            f"canzona.alpha={alpha}", f"canzona.grouping={grouping}"] + ([f"bucket.size={bucket}"] if bucket else [])
+    plan = plan_for(*args)
+    assert all(c == 1 for c in _ownership_counts(plan).values())
+    for b, ranges in zip(plan.layout.buckets, plan.shard_ranges):
+        assert sum(e - a for a, e in ranges) == b.numel
+        allowed = set(dpmod.boundaries(b))
+        assert all(a in allowed and e in allowed for a, e in ranges if e > a)
+    dpmod.owners_from_ranges(plan.layout, plan.shard_ranges)
+    again = plan_for(*args)
+    assert (again.shard_ranges, again.dp_owner, again.tp_owner) == (plan.shard_ranges, plan.dp_owner, plan.tp_owner)
