@@ -7,6 +7,7 @@ that name the bad key or value and what is allowed.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -181,9 +182,15 @@ def _parse_override(item: str) -> tuple[str, str]:
     return _SHORTHANDS.get(key.strip(), key.strip()), value
 
 
+@functools.lru_cache(maxsize=1)
+def _schema() -> Any:
+    """The structured schema (building it costs ~50 ms; merges never modify it)."""
+    return OmegaConf.structured(TrialConfig)
+
+
 def load_config(overrides: list[str] | tuple[str, ...] = (), base: dict[str, Any] | None = None) -> TrialConfig:
     """Build a validated TrialConfig from an optional base dict and ``key=value`` overrides."""
-    schema = OmegaConf.structured(TrialConfig)
+    schema = _schema()
     try:
         merged = OmegaConf.merge(schema, base or {})
         for item in overrides:
@@ -218,7 +225,7 @@ def _one_line(e: OmegaConfBaseException) -> str:
 
 
 def _allowed_keys(parent: str) -> list[str]:
-    node: Any = OmegaConf.structured(TrialConfig)
+    node: Any = _schema()
     for part in filter(None, parent.split(".")):
         node = node[part]
     return sorted(node.keys())

@@ -10,7 +10,8 @@ step and parameter sync, timing each phase (DESIGN.md §6). Rank 0 writes the re
 
 Failure: an exception on any rank ends the trial; locally the launcher kills the other ranks at
 once and exits non-zero with that rank's traceback; under an external launcher the other ranks
-stop at the collective timeout (``dist.timeout_s``).
+fail at their next collective (gloo reports the closed connection at once) or, at the latest,
+at the collective timeout (``dist.timeout_s``).
 """
 
 from __future__ import annotations
