@@ -6,12 +6,15 @@ Runs each method (canzona, sync, layerwise, adamw) at dp=2, tp=2 and dp=2×tp=2 
 Qwen3 whose optimizer step is compute-bound, one thread per rank, and prints canzona's speedup
 over sync and layerwise and its overhead over adamw as ratios of medians measured in this run.
 Extra ``key=value`` overrides apply to every trial (e.g. ``optimizer=shampoo``).
+``--rounds R`` runs the four methods R times in interleaved order and takes the median over
+rounds, so background load on a shared machine hits every method alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -31,17 +34,24 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/method_bench.csv")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--rounds", type=int, default=1)
     args, overrides = ap.parse_known_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for layout in args.layouts.split(","):
             dp, tp = LAYOUTS[layout]
+            runs: dict[str, list[dict]] = {m: [] for m in METHODS}
+            for k in range(args.rounds):
+                for method in METHODS:
+                    cfg = load_config([*BASE, f"parallel.dp={dp}", f"parallel.tp={tp}", f"method={method}", *overrides])
+                    runs[method].append(run_trial(cfg, Path(tmp) / f"{layout}-{method}-{k}"))
             for method in METHODS:
-                cfg = load_config([*BASE, f"parallel.dp={dp}", f"parallel.tp={tp}", f"method={method}", *overrides])
-                s = run_trial(cfg, Path(tmp) / f"{layout}-{method}")
-                rows.append({"layout": layout, "method": method, "optimizer": cfg.optimizer.name,
-                             "optimizer_step_ms": s["optimizer_step_ms_median"], "iteration_ms": s["iteration_ms_median"],
-                             "opt_p10": s["optimizer_step_ms_p10"], "opt_p90": s["optimizer_step_ms_p90"]})
+                def med(key: str, done: list[dict] = runs[method]) -> float:
+                    return statistics.median(s[key] for s in done)
+
+                rows.append({"layout": layout, "method": method, "optimizer": cfg.optimizer.name, "rounds": args.rounds,
+                             "optimizer_step_ms": med("optimizer_step_ms_median"), "iteration_ms": med("iteration_ms_median"),
+                             "opt_p10": med("optimizer_step_ms_p10"), "opt_p90": med("optimizer_step_ms_p90")})
                 print(f"{layout:7} {method:10} optimizer step {rows[-1]['optimizer_step_ms']:8.1f} ms "
                       f"(p10 {rows[-1]['opt_p10']:.1f}, p90 {rows[-1]['opt_p90']:.1f})  iteration {rows[-1]['iteration_ms']:8.1f} ms",
                       flush=True)
