@@ -29,6 +29,7 @@ import yaml
 
 from canzona.records import STEP_FIELDS
 
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
 RECORD_FILES = ("config.yaml", "status.json", "summary.json", "steps.jsonl")
 STATUSES = ("done", "failed", "running", "incomplete", "unknown")
 
@@ -89,7 +90,7 @@ def _read(path: Path, kind: str, trial: Trial) -> Any:
         return None
     try:
         if kind == "yaml":
-            return yaml.safe_load(path.read_text()) or {}
+            return yaml.load(path.read_text(), Loader=_YAML_LOADER) or {}
         if kind == "json":
             return json.loads(path.read_text())
         rows = []
@@ -277,3 +278,18 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
         steps_df=steps_df,
         config_columns=config_columns,
     )
+
+
+def subset(sweep: Sweep, trial_ids: set[str]) -> Sweep:
+    """The same sweep restricted to some of its trials (tables filtered, config columns of those
+    trials only); used to keep projected trials apart from measured ones."""
+    trials = [t for t in sweep.trials if t.trial_id in trial_ids]
+    tdf = sweep.trials_df[sweep.trials_df["trial_id"].isin(trial_ids)].reset_index(drop=True)
+    sdf = sweep.steps_df[sweep.steps_df["trial_id"].isin(trial_ids)].reset_index(drop=True)
+    config_columns: list[str] = []
+    for t in trials:
+        for k in flatten(t.config or t.summary.get("config") or {}):
+            if k not in config_columns:
+                config_columns.append(k)
+    return Sweep(path=sweep.path, trials=trials, sweep_config=sweep.sweep_config, trials_df=tdf, steps_df=sdf,
+                 config_columns=config_columns)

@@ -10,7 +10,14 @@ Reads only the trial records under the sweep folder (canzona/records.py) and wri
 - ``latencies.csv`` per point x method: pooled medians/p10/p90 and trial counts;
 - ``speedups.csv`` speedups over sync/layerwise and overhead over adamw with 90% CIs;
 - ``phases.csv``, ``rank_loads.csv``; ``*.parquet`` of trials and steps if pyarrow imports;
-- ``traces/<trial_id>.json`` Chrome traces (Perfetto), linked from the report.
+- ``traces/<trial_id>.json`` Chrome traces (Perfetto), linked from the report;
+- ``projected.csv`` (projected trials: canzona vs each baseline per point, analysis/projection.py)
+  and ``predicted.csv`` (predicted vs measured per trial, `canzona.sim.validate.to_frame`).
+
+Projected trials (``cluster=simulate``) are kept out of every measured table, plot and CSV
+above (trials.csv and steps.csv list them, with ``projected`` true) and get their own section.
+``--profile PATH`` picks the device profile the measured trials are predicted with (default
+profiles/local.yaml if it exists, ``none`` to skip).
 
 Prints the report's path as its last line. Exit 2 with a one-line error when the folder does
 not exist or holds no trials. The sweep launcher calls `build_report(sweep_dir) -> Path`.
@@ -32,9 +39,10 @@ from typing import Any
 
 import jinja2
 import pandas as pd
+import yaml
 
-from analysis import plots, stats, timeline
-from analysis.load import Sweep, SweepError, load_sweep
+from analysis import plots, projection, stats, timeline
+from analysis.load import Sweep, SweepError, load_sweep, subset
 from canzona.records import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,8 +136,10 @@ def _clean_row(r: pd.Series) -> dict[str, Any]:
 
 def _problems(sweep: Sweep, trials: pd.DataFrame) -> list[dict[str, Any]]:
     out = []
-    for t, (_, row) in zip(sweep.trials, trials.iterrows()):
-        if row["status"] == "done" and not row["missing"] and not t.problems and row["source"] == "steps":
+    rows = {r["trial_id"]: r for _, r in trials.iterrows()}
+    for t in sweep.trials:
+        row = rows[t.trial_id]
+        if row["status"] == "done" and not row["missing"] and not t.problems and row["source"] in ("steps", "projection"):
             continue
         what = []
         if row["missing"]:
@@ -148,13 +158,9 @@ def _problems(sweep: Sweep, trials: pd.DataFrame) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------- build
 
 
-def build_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Build the report of `sweep_dir` into `out` (default ``<sweep_dir>/report``); return the
-    path of index.html. Raises SweepError if the folder is missing or has no trials."""
-    sweep = load_sweep(sweep_dir)
-    out_dir = Path(out) if out is not None else sweep.path / "report"
-    out_dir.mkdir(parents=True, exist_ok=True)
-
+def _measured(sweep: Sweep, out_dir: Path) -> dict[str, Any]:
+    """The measured part of the report (headline, latencies, plots, per-rank views) and its
+    CSV exports; ``_trials`` is the trial table."""
     per_step = stats.step_values(sweep.steps_df)
     trials = stats.trial_table(sweep, per_step)
     pcols: list[str] = trials.attrs["point_columns"]
@@ -176,27 +182,10 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
     rank_loads = pd.concat(loads_all, ignore_index=True) if loads_all else pd.DataFrame(
         columns=["trial_id", "rank", "dp_rank", "tp_rank", "planned", "measured_ms", "planned_rel", "measured_rel"])
     rank_loads = rank_loads[["trial_id", *[c for c in rank_loads.columns if c != "trial_id"]]]
-
-    # CSV (and parquet) exports
-    steps_out = sweep.steps_df
-    meta_cols = [c for c in STEP_CONFIG_COLUMNS if c in trials]
-    steps_out = steps_out.merge(trials[["trial_id", *meta_cols]], on="trial_id", how="left")
-    trials_out = trials.drop(columns=["usable"])
-    trials_out.to_csv(out_dir / "trials.csv", index=False)
-    steps_out.to_csv(out_dir / "steps.csv", index=False)
     speedups.to_csv(out_dir / "speedups.csv", index=False)
     groups.to_csv(out_dir / "latencies.csv", index=False)
     phases.to_csv(out_dir / "phases.csv", index=False)
     rank_loads.to_csv(out_dir / "rank_loads.csv", index=False)
-    try:
-        import pyarrow  # noqa: F401
-
-        trials_out.astype({c: str for c in trials_out.columns if trials_out[c].dtype == object}).to_parquet(out_dir / "trials.parquet")
-        steps_out.to_parquet(out_dir / "steps.parquet")
-    except ImportError:
-        pass
-    except Exception as e:  # parquet is a convenience: never fail the report over it
-        print(f"warning: parquet export skipped: {type(e).__name__}: {e}", file=sys.stderr)
 
     # traces
     traces: dict[str, str] = {}
@@ -230,6 +219,83 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
         "phases": _data_uri(plots.phase_stack(show_phases)),
         "gantt": _data_uri(plots.gantt(timelines)),
     }
+    return {
+        "_trials": trials,
+        "pcols": pcols,
+        "extra_pcols": [c for c in pcols if c not in stats.POINT_BASE],
+        "headline": _headline_rows(speedups, groups, pcols),
+        "groups": _records(groups),
+        "figures": figures,
+        "showcase_point": {k: _clean(v) for k, v in point.items()},
+        "chosen": chosen,
+        "gantt_info": gantt_info,
+        "load_rows": {m: _records(d) for m, d in loads.items()},
+        "phases_tbl": _records(show_phases_tbl),
+        "traces": traces,
+    }
+
+
+def _no_measured() -> dict[str, Any]:
+    return {"_trials": None, "pcols": list(stats.POINT_BASE), "extra_pcols": [], "headline": [], "groups": [],
+            "figures": dict.fromkeys(("latency", "speedup", "loads", "phases", "gantt")), "showcase_point": {},
+            "chosen": {}, "gantt_info": [], "load_rows": {}, "phases_tbl": [], "traces": {}}
+
+
+def build_report(sweep_dir: str | Path, out: str | Path | None = None, profile: Any = "auto") -> Path:
+    """Build the report of `sweep_dir` into `out` (default ``<sweep_dir>/report``); return the
+    path of index.html. Raises SweepError if the folder is missing or has no trials.
+
+    Projected trials (summary.json ``projected: true``, from ``cluster=simulate``) get a section
+    of their own and never enter the measured tables. `profile` (a device profile name, YAML
+    path or mapping; ``"auto"``: profiles/local.yaml if it exists; None: none) is what the
+    predicted-vs-measured section simulates the measured trials with."""
+    sweep = load_sweep(sweep_dir)
+    out_dir = Path(out) if out is not None else sweep.path / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("speedups.csv", "latencies.csv", "phases.csv", "rank_loads.csv", "projected.csv", "predicted.csv"):
+        (out_dir / stale).unlink(missing_ok=True)  # a rebuild leaves no table of another content
+
+    proj_ids = {t.trial_id for t in sweep.trials if projection.is_projected(t)}
+    meas_ids = {t.trial_id for t in sweep.trials} - proj_ids
+    measured = subset(sweep, meas_ids) if proj_ids else sweep
+    ctx = _measured(measured, out_dir) if meas_ids else _no_measured()
+    parts = [ctx.pop("_trials")] if meas_ids else []
+    proj = None
+    if proj_ids:
+        proj = projection.projected_section(subset(sweep, proj_ids))
+        parts.append(proj.pop("trials"))
+        proj.pop("table").to_csv(out_dir / "projected.csv", index=False)
+    pred = None
+    if meas_ids:
+        pred = projection.predicted_section(measured, meas_ids, projection.resolve_profile(profile))
+        if pred.get("result"):
+            from canzona.sim.validate import to_frame
+
+            to_frame(pred["result"]).to_csv(out_dir / "predicted.csv", index=False)
+        pred.pop("result", None)
+
+    # every trial, in folder order, measured and projected
+    trials = pd.concat([p for p in parts if p is not None], ignore_index=True)
+    trials["projected"] = trials["trial_id"].isin(proj_ids)
+    order = {t.trial_id: i for i, t in enumerate(sweep.trials)}
+    trials = trials.sort_values("trial_id", key=lambda s: s.map(order)).reset_index(drop=True)
+
+    # CSV (and parquet) exports
+    steps_out = sweep.steps_df
+    meta_cols = [c for c in STEP_CONFIG_COLUMNS if c in trials]
+    steps_out = steps_out.merge(trials[["trial_id", *meta_cols]], on="trial_id", how="left")
+    trials_out = trials.drop(columns=["usable"])
+    trials_out.to_csv(out_dir / "trials.csv", index=False)
+    steps_out.to_csv(out_dir / "steps.csv", index=False)
+    try:
+        import pyarrow  # noqa: F401
+
+        trials_out.astype({c: str for c in trials_out.columns if trials_out[c].dtype == object}).to_parquet(out_dir / "trials.parquet")
+        steps_out.to_parquet(out_dir / "steps.parquet")
+    except ImportError:
+        pass
+    except Exception as e:  # parquet is a convenience: never fail the report over it
+        print(f"warning: parquet export skipped: {type(e).__name__}: {e}", file=sys.stderr)
 
     # provenance
     ok_sum = [t.summary for t in sweep.trials if t.summary]
@@ -253,32 +319,29 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["fmt"] = fmt
     env.filters["num"] = _num
+    env.filters["pct"] = lambda v: "–" if v is None or v != v else f"{float(v):.1f}%"
+    env.filters["spct"] = lambda v: "–" if v is None or v != v else f"{float(v):+.1f}%"
+    env.filters["yaml"] = lambda v: yaml.safe_dump(v, sort_keys=False, allow_unicode=True, width=100).rstrip()
     html_text = env.get_template(TEMPLATE).render(
         sweep_name=sweep.path.resolve().name,
-        pcols=pcols,
-        extra_pcols=[c for c in pcols if c not in stats.POINT_BASE],
-        headline=_headline_rows(speedups, groups, pcols),
-        groups=_records(groups),
+        **ctx,
         trials=_records(trials),
         problems=_problems(sweep, trials),
-        figures=figures,
-        showcase_point={k: _clean(v) for k, v in point.items()},
-        chosen=chosen,
-        gantt_info=gantt_info,
-        load_rows={m: _records(d) for m, d in loads.items()},
-        phases_tbl=_records(show_phases_tbl),
-        phase_names=[*stats.PHASES, "other"],
-        traces=traces,
         prov=prov,
         status_counts={str(k): int(v) for k, v in status_counts.items()},
         n_trials=len(trials),
+        n_projected=len(proj_ids),
+        n_measured=len(meas_ids),
         methods_present=stats.method_order(trials["method"].dropna().unique()),
         ci=f"{int(stats.CI[1] - stats.CI[0])}%",
         n_boot=stats.N_BOOT,
+        phase_names=[*stats.PHASES, "other"],
+        proj=proj,
+        pred=pred,
     )
     index = out_dir / "index.html"
     atomic_write_text(index, html_text)
-    for f in [index, *(out_dir / rel for rel in traces.values())]:
+    for f in [index, *(out_dir / rel for rel in ctx["traces"].values())]:
         f.chmod(0o644)  # atomic writes come out 0600; the report is meant to be shared
     return index
 
@@ -287,9 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.report", description="Build the HTML report of a sweep.")
     ap.add_argument("sweep_dir", help="results/<sweep>")
     ap.add_argument("--out", default=None, help="output folder (default: <sweep_dir>/report)")
+    ap.add_argument("--profile", default="auto",
+                    help="device profile (name under profiles/ or YAML path) for the predicted-vs-measured section; "
+                         "default: profiles/local.yaml if it exists; 'none' to skip the prediction")
     args = ap.parse_args(argv)
     try:
-        path = build_report(args.sweep_dir, args.out)
+        path = build_report(args.sweep_dir, args.out, profile=args.profile)
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -45,6 +45,8 @@ one node uses the ``inter`` level throughout (its ring crosses the network; one 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,7 +200,46 @@ class Profile:
     # ------------------------------------------------------------------ description
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "source": self.source, "path": self.path, "device": self.device.get("name"),
-                "ranks_per_node": self.ranks_per_node}
+                "ranks_per_node": self.ranks_per_node, "fingerprint": self.fingerprint}
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the profile's content: projections made with another content differ."""
+        text = json.dumps(self.raw, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def inputs(self) -> dict[str, Any]:
+        """What a projection rests on, for a report: the description, device and topology, the
+        stated inputs of a spec-derived profile (peaks, efficiencies, sources) or the scalar
+        settings of a calibration, and the effective rates the simulator uses."""
+        calib = {k: v for k, v in (self.raw.get("calibration") or {}).items()
+                 if not isinstance(v, (dict, list)) or k == "width_divs"}
+        def r(x: float) -> float:
+            return float(f"{x:.6g}")
+
+        rates: dict[str, Any] = {
+            "matmul_tflops": {k: r(v / 1e12) for k, v in self.matmul_flops.items()},
+            "memory_GBps": r(self.memory_Bps / 1e9),
+            "model_tflops": {"forward": r(self.forward.flops_per_s / 1e12), "backward": r(self.backward.flops_per_s / 1e12)},
+            "model_dtype": self.model_dtype,
+            "comm_compute_overlap": self.overlap,
+            "optimizer_table": sorted(o for o, t in self.batched.items() if t) or "none (flops at the matmul rate)",
+        }
+        for level, links in self.links.items():
+            ar = links["all_reduce"]
+            rates[f"{level}_all_reduce"] = {"latency_us": r(ar.latency_s * 1e6), "step_latency_us": r(ar.step_latency_s * 1e6),
+                                            "bandwidth_GBps": r(ar.bandwidth_Bps / 1e9)}
+        out: dict[str, Any] = {
+            "name": self.name, "source": self.source, "path": self.path, "fingerprint": self.fingerprint,
+            "description": self.raw.get("description"), "device": dict(self.device),
+            "ranks_per_node": self.ranks_per_node,
+        }
+        if self.raw.get("inputs"):
+            out["inputs"] = self.raw["inputs"]
+        if calib:
+            out["calibration"] = calib
+        out["rates"] = rates
+        return out
 
     @property
     def activation_bytes(self) -> int:

@@ -40,16 +40,11 @@ from canzona.executor.collectives import equal_in_order, resolve
 from canzona.plan.metrics import compute_metrics
 from canzona.plan.tp import MicroGroup
 from canzona.plan.types import Plan
+from canzona.sim.claims import PAPER_CLAIMS  # re-exported: the paper's headline, beside projections
 from canzona.sim.model import BYTES, ModelWork, forward_flops, model_work
 from canzona.sim.profile import Profile, load_profile
 from canzona.sim.timeline import Handle, Timeline
 
-# The Canzona paper's headline (arXiv 2602.06079; DESIGN.md §1), to print beside projections.
-PAPER_CLAIMS = {
-    "setting": "Qwen3 up to 32B on 256 GPUs, Canzona against the synchronous baseline",
-    "iteration_speedup": 1.57,
-    "optimizer_step_speedup": 5.8,
-}
 PHASES = ("forward", "backward", "grad_reduce", "gather", "compute", "scatter", "apply", "param_sync", "wait")
 
 
@@ -204,8 +199,7 @@ class _Sim:
     def _finish(self, pend: _Pending) -> None:
         tl = self.tl
         for r, sec in pend.finish_s.items():
-            for h in pend.handles:
-                tl.wait(r, h)
+            tl.wait_all(r, pend.handles)
             tl.host(r, sec)
         if pend.regather is not None:
             ranks, seconds = pend.regather
@@ -365,8 +359,7 @@ class _Sim:
                     finish.append(fin)
                 for hs, fin in zip(handles, finish):
                     for r in ranks:
-                        for h in hs:
-                            tl.wait(r, h)
+                        tl.wait_all(r, hs)
                         tl.host(r, fin.get(r, 0.0))
             return
         # layer-wise: pack owned params, padded all-gather, unpack the others
@@ -519,16 +512,18 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
 def write_trial(cfg: TrialConfig, profile: Any, out: str | Path) -> dict[str, Any]:
     """Project one trial and write its records like a measured trial (canzona/records.py):
     config.yaml, steps.jsonl (one row per rank, ``projected: true``), summary.json (the
-    `project` dict less ``steps``, plus ``peak_memory_mb: None``, ``host``, ``versions``).
+    `project` dict less ``steps``, plus ``profile_inputs`` (`Profile.inputs`), ``peak_memory_mb: None``,
+    ``host``, ``versions``).
     The sweep launcher's status.json is not written. Returns the summary."""
     import yaml
 
     from canzona.records import atomic_write_json, atomic_write_text
 
     out = Path(out)
-    res = project(cfg, profile)
+    prof = load_profile(profile)
+    res = project(cfg, prof)
     rows = [{**r, "projected": True} for r in res.pop("steps")]
-    summary = {**res, "peak_memory_mb": None, "host": "simulated",
+    summary = {**res, "profile_inputs": prof.inputs(), "peak_memory_mb": None, "host": "simulated",
                "versions": {"simulator": "canzona.sim", "profile": res["profile"]["name"]}}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", yaml.safe_dump({**cfg.to_dict(), "out": str(out)}, sort_keys=False))

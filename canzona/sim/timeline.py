@@ -77,6 +77,11 @@ class Timeline:
         self.cpu[r] = max(self.cpu[r], handle.end)
         self.debt[r] = max(0.0, self.debt[r] - idle)
 
+    def wait_all(self, r: int, handles: Sequence[Handle]) -> None:
+        """Wait on each of `handles` in turn: the same as waiting on the one that ends last."""
+        if handles:
+            self.wait(r, max(handles, key=lambda h: h.end))
+
     def mark(self, ranks: Sequence[int], name: str) -> None:
         for r in ranks:
             self.marks[r][name] = self.cpu[r]
@@ -101,14 +106,19 @@ class Timeline:
         dur = seconds * self.scale
         busy = (seconds if transfer_s is None else transfer_s) * self.scale
         clocks = self.streams[stream]
-        start = max(max(self.cpu[r], clocks[r]) for r in ranks)
+        cpu = self.cpu
+        start = max(max(cpu[r], clocks[r]) for r in ranks)
         end = start + dur
         for r in ranks:
             clocks[r] = end
-            if dur > 0:
-                self.stream_events[r].append({"name": label, "cat": "comm", "start_ms": start * 1e3,
-                                              "dur_ms": dur * 1e3, "lane": f"{stream} stream"})
-                self.debt[r] += (1.0 - self.overlap) * busy
+        if dur > 0:
+            # one event shared by the members' lists (read-only once recorded)
+            ev = {"name": label, "cat": "comm", "start_ms": start * 1e3, "dur_ms": dur * 1e3, "lane": f"{stream} stream"}
+            debt = (1.0 - self.overlap) * busy
+            for r in ranks:
+                self.stream_events[r].append(ev)
+                if debt:
+                    self.debt[r] += debt
         return Handle(label, start, end)
 
     def blocking(self, ranks: Sequence[int], stream: str, seconds: float, label: str) -> Handle:

@@ -115,13 +115,21 @@ def compare(trial_dir: str | Path, profile: Any) -> dict[str, Any]:
     return row
 
 
+def _projected(summary_path: Path) -> bool:
+    try:
+        return json.loads(summary_path.read_text()).get("projected") is True
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+
+
 def trial_dirs(sweep_dir: str | Path) -> list[Path]:
-    """Finished trials under a folder (any depth): folders holding summary.json and config.yaml
-    whose status.json, if any, says done."""
+    """Finished measured trials under a folder (any depth): folders holding summary.json and
+    config.yaml whose status.json, if any, says done; projections (``projected: true``, written
+    by `write_trial`) are not measurements and are left out."""
     out = []
     for s in sorted(Path(sweep_dir).rglob("summary.json")):
         d = s.parent
-        if not (d / "config.yaml").exists():
+        if not (d / "config.yaml").exists() or _projected(s):
             continue
         status = d / "status.json"
         if status.exists():

@@ -7,6 +7,7 @@ config (one line on stderr, nothing written); 130 interrupted (running jobs are 
 from __future__ import annotations
 
 import importlib
+import inspect
 import shutil
 import sys
 import time
@@ -14,8 +15,11 @@ import traceback
 from pathlib import Path
 from typing import TextIO
 
+import yaml
+
 from canzona.inventory import ConfigError
-from canzona.records import atomic_write_json
+from canzona.records import atomic_write_json, atomic_write_text
+from canzona.sim.profile import load_profile
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.expand import (
     CONFIGS_DIR,
@@ -28,13 +32,19 @@ from canzona.sweep.expand import (
 )
 from canzona.sweep.launch import Handle, make_backend, run_stamp, submitit_parameters, write_sbatch_files
 from canzona.sweep.progress import Progress, fmt_duration, summary_table
+from canzona.sweep.project import project_trials, stale_trials
 
 USAGE = """\
 usage: python sweeps/run.py sweep=NAME [key=value ...]
        python sweeps/run.py list
 
-sweep keys:  sweep=NAME|FILE.yaml  profile=local|paper|...  cluster=local|debug|slurm
+sweep keys:  sweep=NAME|FILE.yaml  profile=local|paper|...  cluster=local|debug|slurm|simulate
              rerun=failed|all|none  dry_run=true  results=DIR  poll_s=1
+             sim.profile=h100|h200|a100|local|PATH  sim.workers=0
+               (cluster=simulate projects every trial with canzona.sim on that device profile,
+                default h100, into results/<sweep>-<profile>-sim-<device>/; for a measured
+                sweep sim.profile is what the report's predicted-vs-measured section uses,
+                default profiles/local.yaml when it exists)
              local.max_ranks=4 local.parallel=1 local.mode=tasks|spawn local.timeout_min=20
              slurm.partition= slurm.account= slurm.qos= slurm.time=01:00:00 slurm.constraint=
              slurm.mem= slurm.gpus_per_node= slurm.tasks_per_node= slurm.cpus_per_task=
@@ -59,6 +69,11 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
         plan = build_plan(argv, configs_dir)
         if plan.settings.cluster == "slurm" and not plan.settings.dry_run and shutil.which("sbatch") is None:
             raise SweepError("cluster=slurm needs sbatch on PATH (run on a login node), or add dry_run=true")
+        if plan.settings.sim.profile or plan.settings.cluster == "simulate":
+            try:  # a missing or invalid device profile: one line, exit 2
+                load_profile(plan.sim_profile)
+            except ConfigError as e:
+                raise SweepError(f"sim.profile={plan.sim_profile}: {e}") from None
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -91,13 +106,21 @@ def run_sweep(plan: Plan, out: TextIO) -> int:
     s = plan.settings
     rd = plan.results_dir
     states = {t.id: bk.trial_state(rd / t.id) for t in plan.trials}
+    sim_prof = load_profile(plan.sim_profile) if s.cluster == "simulate" else None
+    restale = []
+    if sim_prof is not None:  # projected with another profile content: stale
+        restale = stale_trials(plan, sim_prof, states)
+        states.update({tid: bk.STALE for tid in restale})
     to_run = [t for t in plan.trials if bk.should_run(states[t.id], s.rerun)]
     skipped = len(plan.trials) - len(to_run)
+    verb = "to project" if sim_prof is not None else "to run"
     head = (
         f"sweep {plan.sweep}"
         + (f" profile={plan.profile}" if plan.profile else "")
-        + f" cluster={s.cluster}: "
-        f"{len(plan.trials)} trials, {len(to_run)} to run, {skipped} skipped (rerun={s.rerun}) -> {rd}/"
+        + f" cluster={s.cluster}"
+        + (f" sim.profile={sim_prof.name} ({sim_prof.source})" if sim_prof is not None else "")
+        + ": "
+        f"{len(plan.trials)} trials, {len(to_run)} {verb}, {skipped} skipped (rerun={s.rerun}) -> {rd}/"
     )
     if s.dry_run:
         return dry_run(plan, states, to_run, head, out)
@@ -114,15 +137,28 @@ def run_sweep(plan: Plan, out: TextIO) -> int:
         "trials": [{"id": t.id, "axes": t.axes} for t in plan.trials],
         "ended": None,
     }
+    if sim_prof is not None:
+        manifest.update(projected=True, sim_profile=sim_prof.describe())
+        # the profile itself, beside the projections it made (provenance)
+        atomic_write_text(rd / "profile.yaml", yaml.safe_dump(sim_prof.raw, sort_keys=False))
     atomic_write_json(rd / "sweep.json", manifest)
     run_ids = {t.id for t in to_run}
     for t in plan.trials:
         if states[t.id] == bk.DONE and t.id not in run_ids:
             bk.adopt(rd / t.id)
     print(head, file=out)
+    if restale:
+        print(
+            f"[sweep] {len(restale)} trial(s) were projected with another content of profile {sim_prof.name}: "
+            "projecting them again",
+            file=out,
+        )
     out.flush()
 
-    code = _execute(plan, to_run, skipped, out)
+    if sim_prof is not None:
+        code = project_trials(plan, to_run, skipped, sim_prof, out)
+    else:
+        code = _execute(plan, to_run, skipped, out)
     if code == 130:
         return code
     final = {t.id: bk.trial_state(rd / t.id) for t in plan.trials}
@@ -135,7 +171,7 @@ def run_sweep(plan: Plan, out: TextIO) -> int:
     print(summary_table(rd, plan.trials), file=out)
     out.flush()
     failed = any(v != bk.DONE for v in final.values())
-    report_code = build_report(rd, out)
+    report_code = build_report(rd, out, profile=None if sim_prof is not None else plan.sim_profile)
     return max(1 if failed else 0, report_code)
 
 
@@ -290,8 +326,11 @@ def dry_run(plan: Plan, states: dict[str, str], to_run: list, head: str, out: Te
 
 
 # --------------------------------------------------------------------------- report
-def build_report(sweep_dir: Path, out: TextIO) -> int:
-    """Call analysis.report.build_report(sweep_dir) if it exists; its path is the last line."""
+def build_report(sweep_dir: Path, out: TextIO, profile: str | None = None) -> int:
+    """Call analysis.report.build_report(sweep_dir) if it exists; its path is the last line.
+    `profile`: the device profile for the report's predicted-vs-measured section (passed when
+    build_report takes a ``profile`` argument; None: the report says how to make one). A failing
+    prediction never fails the report: the section shows the error."""
     try:
         mod = importlib.import_module("analysis.report")
     except ModuleNotFoundError as e:
@@ -316,7 +355,11 @@ def build_report(sweep_dir: Path, out: TextIO) -> int:
         print("[sweep] no report: analysis.report has no build_report(sweep_dir)", file=out)
         return 0
     try:
-        path = build(Path(sweep_dir))
+        takes_profile = "profile" in inspect.signature(build).parameters
+    except (TypeError, ValueError):
+        takes_profile = False
+    try:
+        path = build(Path(sweep_dir), profile=profile) if takes_profile else build(Path(sweep_dir))
     except Exception as e:  # noqa: BLE001 - show it, keep the results
         out.flush()
         traceback.print_exc()

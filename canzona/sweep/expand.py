@@ -15,7 +15,7 @@ A sweep file (``sweeps/configs/<name>.yaml``)::
       - {method: adamw, size: 0.6b}    # drops grid combinations matching every key
     rules:                             # applied last to every trial, in order
       - {when: {method: adamw}, set: {optimizer.name: adamw}}
-    sweep: {cluster: local}            # sweep settings (see `SweepSettings`)
+    sweep: {cluster: local}            # sweep settings (see `SweepSettings`; cluster=simulate projects)
     profiles:                          # profile=NAME selects one; each may hold fixed, grid
       local: {...}                     # (an axis set here replaces the top-level one; null
       paper: {...}                     # removes it), include, exclude, rules, sweep, description
@@ -46,7 +46,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO / "sweeps" / "configs"
 
 SHORTHANDS = {"model": "model.name", "optimizer": "optimizer.name"}
-CLUSTERS = ("local", "debug", "slurm")
+CLUSTERS = ("local", "debug", "slurm", "simulate")
+DEFAULT_SIM_PROFILE = "h100"
 RERUN = ("failed", "all", "none")
 LOCAL_MODES = ("tasks", "spawn")
 _TOP_KEYS = (
@@ -96,6 +97,17 @@ class LocalSettings:
 
 
 @dataclass
+class SimSettings:
+    """``cluster=simulate``: project every trial with `canzona.sim` instead of running it."""
+
+    # A device profile under profiles/ (h100, h200, a100, local) or a YAML path: what
+    # cluster=simulate projects with (default h100), and what the report of a measured sweep
+    # predicts its trials with (default profiles/local.yaml when it exists).
+    profile: str | None = None
+    workers: int = 0  # processes projecting trials at once (0: one per core)
+
+
+@dataclass
 class SweepSettings:
     sweep: str | None = None
     profile: str | None = None
@@ -106,6 +118,7 @@ class SweepSettings:
     poll_s: float = 1.0
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     local: LocalSettings = field(default_factory=LocalSettings)
+    sim: SimSettings = field(default_factory=SimSettings)
 
 
 SETTINGS_KEYS = tuple(f.name for f in fields(SweepSettings))
@@ -379,7 +392,35 @@ class Plan:
 
     @property
     def results_dir(self) -> Path:
+        """``results/<sweep>``; projections (cluster=simulate) go to a folder of their own,
+        ``results/<sweep>-<profile>-sim-<device profile>``, so that they never mix with -- or,
+        sharing trial ids, stand in for -- measured trials, and each device profile keeps its own."""
+        if self.settings.cluster == "simulate":
+            parts = [
+                self.sweep,
+                *([self.profile] if self.profile else []),
+                "sim",
+                sim_profile_label(str(self.sim_profile)),
+            ]
+            return Path(self.settings.results) / "-".join(parts)
         return Path(self.settings.results) / self.sweep
+
+    @property
+    def sim_profile(self) -> str | None:
+        """The device profile of this sweep: ``sim.profile`` if given; else h100 for
+        cluster=simulate, profiles/local.yaml (if it exists) for the report of a measured sweep."""
+        if self.settings.sim.profile:
+            return self.settings.sim.profile
+        if self.settings.cluster == "simulate":
+            return DEFAULT_SIM_PROFILE
+        local = REPO / "profiles" / "local.yaml"
+        return str(local) if local.is_file() else None
+
+
+def sim_profile_label(profile: str) -> str:
+    """h100 -> h100; profiles/local.yaml -> local (a folder-name-safe label)."""
+    stem = Path(str(profile)).stem if str(profile).endswith((".yaml", ".yml")) else str(profile)
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", stem) or "profile"
 
 
 @dataclass
@@ -484,6 +525,8 @@ def build_settings(cli: dict[str, str], *layers: dict[str, Any]) -> SweepSetting
     _choice("cluster", obj.cluster, CLUSTERS)
     _choice("rerun", obj.rerun, RERUN)
     _choice("local.mode", obj.local.mode, LOCAL_MODES)
+    if obj.sim.workers < 0:
+        raise SweepError("sim.workers must be >= 0 (0: one per core)")
     if obj.local.max_ranks < 1 or obj.local.parallel < 1:
         raise SweepError("local.max_ranks and local.parallel must be >= 1")
     if obj.slurm.gpus_per_node < 0 or obj.slurm.cpus_per_task < 1:
@@ -585,7 +628,7 @@ def build_plan(items: list[str], configs_dir: Path = CONFIGS_DIR) -> Plan:
 
 
 def _settings_names() -> list[str]:
-    return [f"{k}.*" if k in ("slurm", "local") else k for k in SETTINGS_KEYS]
+    return [f"{k}.*" if k in ("slurm", "local", "sim") else k for k in SETTINGS_KEYS]
 
 
 def _trial_names() -> list[str]:
@@ -731,6 +774,8 @@ def slurm_shape(cfg: TrialConfig, s: SlurmSettings) -> JobShape:
 
 def check_layouts(plan: Plan) -> None:
     s = plan.settings
+    if s.cluster == "simulate":  # any layout can be projected
+        return
     for t in plan.trials:
         if s.cluster in ("local", "debug"):
             if t.world_size > s.local.max_ranks:

@@ -37,6 +37,7 @@ class Progress:
         stream: TextIO | None = None,
         tty: bool | None = None,
         heartbeat_s: float = 30.0,
+        min_interval_s: float = 0.0,
     ) -> None:
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty() if tty is None else tty
@@ -46,6 +47,7 @@ class Progress:
         self.started: dict[str, float] = {}
         self.t0 = time.monotonic()
         self.heartbeat_s = heartbeat_s
+        self.min_interval_s = min_interval_s  # non-tty: at most one count line this often (unless forced)
         self._last_line = ""
         self._last_print = 0.0
         self._drawn = False
@@ -59,7 +61,8 @@ class Progress:
         self.running += 1
         self.refresh()
 
-    def finish(self, key: str, ok: bool, message: str) -> None:
+    def finish(self, key: str, ok: bool, message: str | None) -> None:
+        """Count a trial as finished; print `message` (None: only the counts)."""
         t = self.started.pop(key, None)
         if t is not None:
             self.durations.append(time.monotonic() - t)
@@ -68,7 +71,10 @@ class Progress:
             self.done += 1
         else:
             self.failed += 1
-        self.event(message)
+        if message is None:
+            self.refresh()
+        else:
+            self.event(message)
 
     def eta(self) -> float | None:
         remaining = self.pending + self.running
@@ -113,7 +119,7 @@ class Progress:
         counts = line.split(" | elapsed")[0]
         if (
             force
-            or counts != self._last_line
+            or (counts != self._last_line and now - self._last_print >= self.min_interval_s)
             or (self.running and now - self._last_print >= self.heartbeat_s)
         ):
             self.stream.write(line + "\n")

@@ -37,10 +37,17 @@ def _gen():
     return sys.modules[name]
 
 
+@pytest.fixture(autouse=True)
+def _no_local_profile(monkeypatch, tmp_path_factory):
+    """Hermetic: whether this machine has a calibrated profiles/local.yaml must not matter here
+    (the predicted-vs-measured section has its own tests in test_projection.py)."""
+    monkeypatch.setattr("analysis.projection.LOCAL_PROFILE", tmp_path_factory.getbasetemp() / "no-local.yaml")
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     sweep = _gen().make_sweep(tmp_path_factory.mktemp("res") / "demo")
-    index = build_report(sweep)
+    index = build_report(sweep, profile=None)
     return sweep, index
 
 
@@ -309,7 +316,7 @@ def test_cli_prints_report_path_last(tmp_path):
     sweep = _gen().make_sweep(tmp_path / "cli", models=("qwen3-0.6b",), methods=("canzona", "sync"),
                               failed=False, missing=False)
     out = tmp_path / "elsewhere"
-    r = subprocess.run([sys.executable, "-m", "analysis.report", str(sweep), "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "analysis.report", str(sweep), "--out", str(out), "--profile", "none"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == str(out / "index.html")

@@ -1,0 +1,325 @@
+"""The report's two simulator sections: projected trials, and predicted vs measured.
+
+- **Projected (not measured)**: trials written by the simulator (``cluster=simulate``;
+  summary.json ``projected: true``) never enter the measured tables, speedups or plots. They get
+  a section of their own: per point (model x optimizer x dp x tp), canzona's projected iteration
+  time and optimizer step latency, its speedup over ``sync`` and ``layerwise`` (baseline ÷
+  canzona) and its overhead over ``adamw``, the paper's claims (`canzona.sim.claims.PAPER_CLAIMS`)
+  beside the projection at the largest model on the most GPUs, where the time goes there, and the
+  inputs: the device profile (its source, stated inputs, effective rates) and the simulator's
+  assumptions, as recorded in each projected trial's summary.json.
+- **Predicted vs measured**: `canzona.sim.validate.compare_sweep` on the measured trials with a
+  device profile (default ``profiles/local.yaml``): per method the median absolute % error and
+  the worst case of optimizer_step_ms and iteration_ms, and the trials left out and why. The
+  simulator never fails the report: an exception becomes the section's message.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.load import Sweep, Trial
+from analysis.stats import POINT_BASE, _variant, method_order, point_extra_columns
+
+REPO = Path(__file__).resolve().parents[1]
+LOCAL_PROFILE = REPO / "profiles" / "local.yaml"
+CALIBRATE_CMD = "python -m canzona.calibrate out=profiles/local.yaml"
+BASELINES = ("sync", "layerwise")
+METRICS = ("iteration_ms", "optimizer_step_ms")
+PHASES = ("forward", "backward", "grad_reduce", "gather", "compute", "scatter", "apply", "wait", "param_sync")
+# trial settings that shape a projection, listed with its inputs
+SHAPING_KEYS = ("dist.dp_collective", "optimizer.ns_dtype", "train.micro_batch", "train.seq_len",
+                "bucket.size", "canzona.pipeline_depth", "canzona.cost", "dist.overlap_grad_reduce")
+SYNC_NOTE = (
+    "Our sync baseline is maximally redundant: every DP and TP rank gathers every full gradient and "
+    "recomputes every matrix's update (its planned imbalance is about dp × tp). The paper's synchronous "
+    "baseline may be less redundant, so the projected speedups over sync are expected to lie above the "
+    "paper's; layerwise (whole matrices dealt over DP, duplicated over TP) is the more conservative comparison."
+)
+
+
+def is_projected(t: Trial) -> bool:
+    return t.summary.get("projected") is True or t.status.get("projected") is True
+
+
+def _nan(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return f
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den and not math.isnan(num) and not math.isnan(den) and den > 0 else math.nan
+
+
+def _clean(v: Any) -> Any:
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+# ------------------------------------------------------------------------------ projected
+
+
+def projected_trials(sweep: Sweep) -> pd.DataFrame:
+    """One row per projected trial, in the columns of `stats.trial_table` (values from
+    summary.json: one simulated iteration, so median = p10 = p90) plus ``projected``,
+    ``profile``, ``profile_fingerprint`` and the phases (``phase.<name>``, mean over ranks)."""
+    df = sweep.trials_df.copy()
+    extra: list[dict[str, Any]] = []
+    for t in sweep.trials:
+        s = t.summary
+        prof = s.get("profile") or {}
+        world = s.get("world") or {}
+        r: dict[str, Any] = {"trial_id": t.trial_id, "projected": True, "profile": prof.get("name"),
+                             "profile_fingerprint": prof.get("fingerprint"),
+                             "source": "projection" if s.get("iteration_ms") is not None else None,
+                             "n_steps": 1 if s.get("iteration_ms") is not None else 0,
+                             "n_ranks": world.get("world_size") or 0,
+                             "param_sync_ms_median": _nan(s.get("param_sync_ms")),
+                             "grad_reduce_ms_median": _nan(s.get("grad_reduce_ms")),
+                             "planned_imbalance": _nan(((s.get("plan") or {}).get("imbalance") or {}).get("compute")),
+                             "measured_imbalance": math.nan}
+        for m in METRICS:
+            v = _nan(s.get(m))
+            r[f"{m}_median"] = r[f"{m}_p10"] = r[f"{m}_p90"] = v
+        for p in PHASES:
+            r[f"phase.{p}"] = _nan((s.get("phases_ms_mean") or {}).get(p))
+        extra.append(r)
+    out = df.merge(pd.DataFrame(extra), on="trial_id", how="left") if extra else df
+    out["usable"] = out["source"].notna() if "source" in out else False
+    return out
+
+
+def _points(df: pd.DataFrame, config_columns: list[str]) -> list[str]:
+    pcols = [*POINT_BASE, *point_extra_columns(df, config_columns)]
+    if df["profile"].astype(str).nunique() > 1:
+        pcols = ["profile", *pcols]
+    return pcols
+
+
+def _at(df: pd.DataFrame, point: dict[str, Any], cols: Iterable[str]) -> pd.DataFrame:
+    for c in cols:
+        v = point[c]
+        df = df[df[c].isna()] if v is None or (isinstance(v, float) and math.isnan(v)) else df[df[c] == v]
+    return df
+
+
+def _size_order(df: pd.DataFrame) -> dict[str, float]:
+    return df.groupby("model")["model_params"].max().fillna(float("inf")).to_dict()
+
+
+def speedup_rows(df: pd.DataFrame, pcols: list[str]) -> list[dict[str, Any]]:
+    """Per point x canzona variant: canzona's values, and per baseline (and variant) its values
+    and the ratios (speedup = baseline ÷ canzona; overhead vs adamw = canzona ÷ adamw, adamw
+    matched on model and layout whatever its optimizer name)."""
+    keep = list(dict.fromkeys([*pcols, "method", "variant", "trial_id", "n_ranks", "model_params",
+                               *(f"{m}_median" for m in METRICS)]))
+    ok = df.loc[df["usable"].astype(bool), keep]  # narrow first: the point lookups below filter it often
+    can = ok[ok["method"] == "canzona"]
+    no_opt = [c for c in pcols if not c.startswith("optimizer.")]
+    rows = []
+    for key, cg in can.groupby([*pcols, "variant"], dropna=False, sort=False):
+        point = dict(zip(pcols, key[:-1]))
+        c = {m: statistics.median(cg[f"{m}_median"]) for m in METRICS}
+        row: dict[str, Any] = {"point": {k: _clean(v) for k, v in point.items()}, "variant": key[-1],
+                               "canzona": c, "trial_ids": list(cg["trial_id"]),
+                               "gpus": int(cg["n_ranks"].max()), "model_params": float(cg["model_params"].max()),
+                               "cells": {}}
+        for b in (*BASELINES, "adamw"):
+            bg_all = _at(ok[ok["method"] == b], point, no_opt if b == "adamw" else pcols)
+            cells = []
+            for bv, bg in bg_all.groupby("variant", dropna=False, sort=True):
+                vals = {m: statistics.median(bg[f"{m}_median"]) for m in METRICS}
+                ratio = {m: (_ratio(c[m], vals[m]) if b == "adamw" else _ratio(vals[m], c[m])) for m in METRICS}
+                cells.append({"baseline": b, "variant": str(bv), "values": vals, "ratio": ratio,
+                              "trial_ids": list(bg["trial_id"])})
+            row["cells"][b] = cells
+        rows.append(row)
+    order = _size_order(df)
+    rows.sort(key=lambda r: (order.get(r["point"].get("model"), float("inf")), str(r["point"].get("model")),
+                             r["gpus"], r["point"].get("parallel.tp") or 0, str(r["point"].get("optimizer.name")),
+                             str(r["variant"])))
+    return rows
+
+
+def _first(cells: list[dict[str, Any]] | None, metric: str) -> float:
+    return cells[0]["ratio"][metric] if cells else math.nan
+
+
+def claims_view(rows: list[dict[str, Any]], claims: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The paper's claims beside the projection: at the most GPUs projected, the largest model
+    (one row per layout), and the range over every model at that GPU count; Muon when present."""
+    if not rows:
+        return None
+    muon = [r for r in rows if r["point"].get("optimizer.name") == "muon"] or rows
+    gpus = max(r["gpus"] for r in muon)
+    at = [r for r in muon if r["gpus"] == gpus]
+    largest = max(r["model_params"] if not math.isnan(r["model_params"]) else -1 for r in at)
+    top = [r for r in at if (r["model_params"] if not math.isnan(r["model_params"]) else -1) == largest]
+    lines = []
+    for b in BASELINES:
+        for m, claim_key in (("iteration_ms", "iteration_speedup"), ("optimizer_step_ms", "optimizer_step_speedup")):
+            allv = [v for v in (_first(r["cells"].get(b), m) for r in at) if not math.isnan(v)]
+            lines.append({
+                "baseline": b, "metric": m,
+                "paper": (claims or {}).get(claim_key) if b == "sync" else None,
+                "top": [{"layout": f"dp {r['point']['parallel.dp']} × tp {r['point']['parallel.tp']}",
+                         "variant": r["variant"], "value": _first(r["cells"].get(b), m)} for r in top],
+                "range": (min(allv), max(allv)) if allv else None,
+            })
+    return {"gpus": gpus, "model": top[0]["point"].get("model"), "optimizer": top[0]["point"].get("optimizer.name"),
+            "n_models": len({r["point"].get("model") for r in at}), "lines": lines, "claims": claims}
+
+
+def _paper_claims() -> dict[str, Any] | None:
+    try:
+        from canzona.sim.claims import PAPER_CLAIMS
+    except Exception:  # noqa: BLE001 - the claims are a label; never fail the report over them
+        return None
+    return dict(PAPER_CLAIMS)
+
+
+def _assumptions(trials: list[Trial]) -> list[dict[str, Any]]:
+    seen: dict[str, int] = {}
+    for t in trials:
+        for a in t.summary.get("assumptions") or []:
+            seen[str(a)] = seen.get(str(a), 0) + 1
+    return [{"text": a, "count": n} for a, n in seen.items()]
+
+
+def _profiles(trials: list[Trial]) -> list[dict[str, Any]]:
+    out: dict[tuple, dict[str, Any]] = {}
+    for t in trials:
+        p = t.summary.get("profile") or {}
+        key = (p.get("name"), p.get("fingerprint"))
+        if key not in out:
+            inputs = t.summary.get("profile_inputs") or {}
+            out[key] = {"describe": p, "inputs": inputs, "n_trials": 0}
+        out[key]["n_trials"] += 1
+    return list(out.values())
+
+
+def _shaping(df: pd.DataFrame) -> dict[str, str]:
+    out = {}
+    for k in SHAPING_KEYS:
+        if k in df:
+            vals = sorted({str(v) for v in df[k] if v is not None and not (isinstance(v, float) and math.isnan(v))})
+            if vals:
+                out[k] = ", ".join(vals)
+    return out
+
+
+def _phases_at(df: pd.DataFrame, view: dict[str, Any] | None, pcols: list[str]) -> list[dict[str, Any]]:
+    """Phases (mean over ranks, ms) of every method at the claims' point, largest layout first."""
+    if not view:
+        return []
+    sel = df[df["usable"] & (df["model"] == view["model"]) & (df["n_ranks"] == view["gpus"])]
+    sel = sel[(sel["optimizer.name"] == view["optimizer"]) | (sel["method"] == "adamw")]
+    rows = []
+    for _, r in sel.iterrows():
+        rows.append({"method": r["method"], "variant": r.get("variant") or "", "trial_id": r["trial_id"],
+                     "layout": f"dp {r['parallel.dp']} × tp {r['parallel.tp']}",
+                     "phases": {p: _clean(r[f"phase.{p}"]) for p in PHASES},
+                     "iteration_ms": _clean(r["iteration_ms_median"]),
+                     "optimizer_step_ms": _clean(r["optimizer_step_ms_median"])})
+    order = {m: i for i, m in enumerate(method_order(sel["method"].unique()))}
+    rows.sort(key=lambda r: (r["layout"], order.get(r["method"], 99)))
+    return rows
+
+
+def projected_section(sweep: Sweep) -> dict[str, Any]:
+    """Everything the template's projected section shows, plus ``trials`` (a DataFrame) and
+    ``table`` (one flat row per point x canzona variant x baseline, for projected.csv)."""
+    df = projected_trials(sweep)
+    pcols = _points(df, sweep.config_columns)
+    df["variant"] = df.apply(lambda row: _variant(row, df, sweep.config_columns), axis=1) if len(df) else []
+    df.attrs["point_columns"] = pcols
+    rows = speedup_rows(df, pcols)
+    claims = _paper_claims()
+    view = claims_view(rows, claims)
+    flat = []
+    for i, r in enumerate(rows):
+        r["id"] = f"p{i:04d}"
+        for b, cells in r["cells"].items():
+            for c in cells:
+                for m in METRICS:
+                    flat.append({"id": r["id"], **r["point"], "canzona_variant": r["variant"], "gpus": r["gpus"],
+                                 "baseline": b, "baseline_variant": c["variant"], "metric": m,
+                                 "kind": "overhead" if b == "adamw" else "speedup", "value": c["ratio"][m],
+                                 "canzona_ms": r["canzona"][m], "baseline_ms": c["values"][m],
+                                 "canzona_trials": " ".join(r["trial_ids"]), "baseline_trials": " ".join(c["trial_ids"])})
+    return {
+        "trials": df,
+        "table": pd.DataFrame(flat),
+        "rows": rows,
+        "pcols": pcols,
+        "extra_pcols": [c for c in pcols if c not in POINT_BASE],
+        "claims": claims,
+        "view": view,
+        "phases": _phases_at(df, view, pcols),
+        "phase_names": list(PHASES),
+        "profiles": _profiles(sweep.trials),
+        "assumptions": _assumptions(sweep.trials),
+        "n_trials": len(sweep.trials),
+        "shaping": _shaping(df),
+        "sync_note": SYNC_NOTE,
+    }
+
+
+# ------------------------------------------------------------------------------ predicted vs measured
+
+
+def resolve_profile(profile: Any) -> Any:
+    """``"auto"``: profiles/local.yaml if it exists, else None; ``"none"``/None: None."""
+    if isinstance(profile, str) and profile.lower() == "auto":
+        return str(LOCAL_PROFILE) if LOCAL_PROFILE.is_file() else None
+    if profile is None or (isinstance(profile, str) and profile.lower() in ("", "none")):
+        return None
+    return profile
+
+
+def predicted_section(sweep: Sweep, measured_ids: set[str], profile: Any) -> dict[str, Any]:
+    """`compare_sweep` over the measured trials, summarised for the template. Never raises:
+    ``error`` holds what went wrong. ``result`` is compare_sweep's output (for CSV and tests)."""
+    out: dict[str, Any] = {"profile_arg": None if profile is None else str(profile) if not isinstance(profile, dict)
+                           else f"(profile {profile.get('name')!r} given as a mapping)",
+                           "calibrate_cmd": CALIBRATE_CMD, "error": None, "result": None}
+    if profile is None:
+        return out
+    try:
+        from canzona.sim.validate import MIN_MEASURED_MS, compare_sweep
+
+        res = compare_sweep(sweep.path, profile)
+    except Exception as e:  # noqa: BLE001 - the simulator must never fail the report
+        out["error"] = f"{type(e).__name__}: {str(e).strip() or repr(e)}"
+        return out
+    rows = [r for r in res["trials"] if r["trial"] in measured_ids]
+    errors = [e for e in res["errors"] if e["trial"] in measured_ids]
+    compared = {r["trial"] for r in rows} | {e["trial"] for e in errors}
+    left_out = [{"trial": tid, "reason": "recorded plan differs from today's planner (plan_matches is false): its "
+                 "prediction would be of a different plan"} for tid in res["excluded"] if tid in measured_ids]
+    left_out += [{"trial": e["trial"], "reason": f"could not simulate: {e['error']}"} for e in errors]
+    by_id = {t.trial_id: t for t in sweep.trials}
+    for tid in sorted(measured_ids - compared):
+        st = by_id[tid].state if tid in by_id else "unknown"
+        left_out.append({"trial": tid, "reason": f"not a finished trial (status {st})" if st != "done"
+                         else "no config.yaml / summary.json to predict from"})
+    for r in rows:
+        if r.get("plan_matches") is False:
+            continue
+        for m in METRICS:
+            if r.get(f"{m}_error_pct") is None:
+                meas = r.get(f"{m}_measured")
+                why = "not measured" if meas is None else f"measured {meas:.3g} ms < {MIN_MEASURED_MS} ms"
+                left_out.append({"trial": r["trial"], "reason": f"{m}: no error figure ({why})"})
+    out.update(result=res, profile=res["profile"], by_method=res["by_method"], overall=res["overall"],
+               rows=sorted(rows, key=lambda r: (r["method"], r["trial"])), left_out=left_out,
+               min_measured_ms=MIN_MEASURED_MS)
+    return out

@@ -1,0 +1,10 @@
+"""The Canzona paper's headline (arXiv 2602.06079; DESIGN.md §1), printed beside projections.
+
+A module of its own (no torch, no planner) so that the report can label projections cheaply.
+"""
+
+PAPER_CLAIMS = {
+    "setting": "Qwen3 up to 32B on 256 GPUs, Canzona against the synchronous baseline",
+    "iteration_speedup": 1.57,
+    "optimizer_step_speedup": 5.8,
+}

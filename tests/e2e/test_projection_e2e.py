@@ -1,0 +1,106 @@
+"""End to end, through ``sweeps/run.py`` as a user runs it (slow):
+
+- the whole ``paper`` profile (Qwen3 0.6B-32B, up to 256 GPUs, 120 trials) projected with
+  ``cluster=simulate``: every trial recorded as projected, the report path printed last, and
+  the report's projected section with the paper's claims and the profile's inputs;
+- a real local sweep with a quick calibration of this machine passed as ``sim.profile``: its
+  report's predicted-vs-measured section shows the numbers of `compare_sweep`.
+No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from canzona.sim.claims import PAPER_CLAIMS
+from canzona.sim.validate import compare_sweep
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+from test_projection import Page  # noqa: E402
+
+
+def _sweep(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "sweeps" / "run.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def test_paper_profile_projection_end_to_end(tmp_path: Path) -> None:
+    r = _sweep("sweep=qwen3_scaling", "profile=paper", "cluster=simulate", f"results={tmp_path}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    index = Path(r.stdout.strip().splitlines()[-1])
+    rd = tmp_path / "qwen3_scaling-paper-sim-h100"
+    assert index == rd / "report" / "index.html" and index.is_file()
+    statuses = [json.loads(p.read_text()) for p in rd.glob("*/status.json")]
+    assert len(statuses) == 120 and all(s["status"] == "done" and s["projected"] for s in statuses)
+    worlds = {json.loads(p.read_text())["world"]["world_size"] for p in rd.glob("*/summary.json")}
+    assert max(worlds) == 256
+    page = Page(index.read_text())
+    assert "Projected (not measured)" in page.ids["projected"]["text"] and "headline" not in page.ids
+    claims = page.ids["projected-claims"]["text"]
+    assert "qwen3-32b" in claims and "256 GPUs" in claims and PAPER_CLAIMS["setting"] in claims
+    assert {float(c["data-paper"]) for c in page.having("data-paper")} == {
+        PAPER_CLAIMS["iteration_speedup"], PAPER_CLAIMS["optimizer_step_speedup"]}
+    assert page.having("data-field", **{"data-field": "profile-source"})[0]["text"] == "spec-derived"
+    assert "efficiency" in page.having("class", **{"class": "profile-inputs"})[0]["text"]
+    assert len(page.ids["projected-assumptions"]["text"].strip()) > 200
+    assert len(page.having("data-proj", **{"data-baseline": "canzona", "data-metric": "iteration_ms"})) == 33
+
+
+LOCAL = """
+    description: two real trials and a calibrated profile
+    fixed:
+      model.name: qwen3-0.6b
+      model.width_div: 16
+      model.num_layers: 1
+      parallel.dp: 2
+      dist.threads_per_rank: 1
+      train.steps: 3
+      train.warmup: 1
+      train.micro_batch: 1
+      train.seq_len: 16
+    grid:
+      method: [canzona, sync]
+    sweep:
+      cluster: local
+"""
+
+
+def test_local_sweep_report_predicts_with_a_quick_calibration(tmp_path: Path) -> None:
+    prof = tmp_path / "quick.yaml"
+    c = subprocess.run([sys.executable, "-m", "canzona.calibrate", "quick=true", f"out={prof}"], capture_output=True,
+                       text=True, timeout=600, cwd=REPO)
+    assert c.returncode == 0 and prof.is_file(), c.stderr[-2000:]
+    (tmp_path / "two.yaml").write_text(textwrap.dedent(LOCAL))
+    r = _sweep(f"sweep={tmp_path / 'two.yaml'}", f"results={tmp_path / 'results'}", f"sim.profile={prof}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    index = Path(r.stdout.strip().splitlines()[-1])
+    page = Page(index.read_text())
+    assert page.ids["predicted-profile"]["data-profile"] == "quick"
+    want = compare_sweep(tmp_path / "results" / "two", prof)
+    assert len(want["trials"]) == 2
+    expected = {m["method"]: m for m in want["by_method"]} | {"all": want["overall"]}
+    cells = page.having("data-pv-field")
+    assert cells
+    for cell in cells:
+        v = expected[cell["data-pv-method"]].get(cell["data-pv-field"])
+        if v is None:
+            assert cell["data-value"] == ""
+        else:
+            assert float(cell["data-value"]) == pytest.approx(v, rel=1e-9)
+    # rebuilt by hand with --profile: the same section
+    r = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "results" / "two"), "--out",
+                        str(tmp_path / "again"), "--profile", str(prof)], capture_output=True, text=True, timeout=600,
+                       cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = Page((tmp_path / "again" / "index.html").read_text())
+    assert [(c["data-pv-method"], c["data-pv-field"], c["data-value"]) for c in again.having("data-pv-field")] == [
+        (c["data-pv-method"], c["data-pv-field"], c["data-value"]) for c in cells]

@@ -1,0 +1,367 @@
+"""cluster=simulate sweeps and the report's two simulator sections (analysis/projection.py).
+
+- A projection of the paper profile (a slice of it here; the whole of it in
+  tests/e2e/test_projection_e2e.py) runs through ``sweeps/run.py``'s code, records each trial
+  as projected, resumes, re-projects when the profile's content changes, and its report has a
+  labelled "Projected (not measured)" section with the paper's claims and the profile's inputs.
+- A measured sweep's report has a "Predicted vs measured" section whose numbers are
+  `canzona.sim.validate.compare_sweep`'s, lists the trials left out and why, keeps projected
+  trials out of the measured tables, and survives a simulator that raises.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+from analysis.report import build_report
+from canzona.config import load_config
+from canzona.sim.claims import PAPER_CLAIMS
+from canzona.sim.profile import spec_profile
+from canzona.sim.simulate import project, write_trial
+from canzona.sim.validate import compare_sweep
+from canzona.sweep.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+# a slice of the paper profile: Qwen3-0.6B on 8 and on 256 GPUs, every method, Muon
+PAPER_SLICE = ["sweep=qwen3_scaling", "profile=paper", "cluster=simulate", "size=0.6b",
+               "layout=n1-dp8tp1,n32-dp32tp8", "optimizer.name=muon"]
+
+
+class Page(HTMLParser):
+    """Elements by id, every element's attributes, and the text inside each id'd element."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.elements: list[dict] = []
+        self.ids: dict[str, dict] = {}
+        self._open: list[dict] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        el = {"tag": tag, **dict(attrs), "text": ""}
+        self.elements.append(el)
+        if el.get("id"):
+            self.ids[el["id"]] = el
+        if tag not in ("br", "img", "meta", "link", "input", "hr"):
+            self._open.append(el)
+
+    def handle_endtag(self, tag):
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i]["tag"] == tag:
+                del self._open[i:]
+                break
+
+    def handle_data(self, data):
+        for el in self._open:
+            el["text"] += data
+
+    def having(self, attr: str, **match: str) -> list[dict]:
+        return [e for e in self.elements if attr in e and all(e.get(k) == v for k, v in match.items())]
+
+
+def _run(argv: list[str]) -> tuple[int, list[str]]:
+    out = io.StringIO()
+    rc = main(argv, stream=out)
+    return rc, out.getvalue().splitlines()
+
+
+# ----------------------------------------------------------------------------- cluster=simulate
+
+
+def test_simulate_sweep_projects_records_and_reports(tmp_path: Path) -> None:
+    rc, lines = _run([*PAPER_SLICE, f"results={tmp_path}", "sim.workers=2"])
+    assert rc == 0, "\n".join(lines)
+    rd = tmp_path / "qwen3_scaling-paper-sim-h100"  # never the measured results/qwen3_scaling/
+    index = Path(lines[-1])
+    assert index == rd / "report" / "index.html" and index.is_file()
+    trials = sorted(d for d in rd.iterdir() if (d / "status.json").is_file())
+    assert len(trials) == 8  # 4 methods x 2 layouts
+    summaries = {}
+    for d in trials:
+        st = json.loads((d / "status.json").read_text())
+        assert st["status"] == "done" and st["projected"] is True and st["cluster"] == "simulate"
+        assert st["sim_profile"] == "h100" and st["sim_profile_source"] == "spec-derived"
+        s = json.loads((d / "summary.json").read_text())
+        assert s["projected"] is True and s["profile"]["name"] == "h100" and s["assumptions"]
+        assert s["config"]["dist"]["dp_collective"] == "reduce_loop"  # the paper profile's choice
+        summaries[(s["config"]["method"], s["world"]["world_size"])] = s
+    manifest = json.loads((rd / "sweep.json").read_text())
+    assert manifest["projected"] is True and manifest["sim_profile"]["name"] == "h100"
+    assert yaml.safe_load((rd / "profile.yaml").read_text())["name"] == "h100"
+
+    page = Page(index.read_text())
+    assert "projected" in page.ids and "projected-banner" in page.ids
+    assert "Projected (not measured)" in page.ids["projected"]["text"]
+    assert "headline" not in page.ids and "latencies" not in page.ids  # no measured tables at all
+    # the paper's claims beside the projection at the most GPUs (256) for the largest model
+    claims = page.having("data-paper")
+    assert sorted(float(c["data-paper"]) for c in claims) == sorted(
+        [PAPER_CLAIMS["iteration_speedup"], PAPER_CLAIMS["optimizer_step_speedup"]])
+    assert PAPER_CLAIMS["setting"] in page.ids["projected-claims"]["text"]
+    can, sync = summaries[("canzona", 256)], summaries[("sync", 256)]
+    rows = {(r["data-claim-baseline"], r["data-claim-metric"]): r for r in page.having("data-claim-baseline")}
+    for m in ("iteration_ms", "optimizer_step_ms"):
+        cell = [e for e in page.having("data-layout") if e["data-layout"] == "dp 32 × tp 8"
+                and e in _inside(page, rows[("sync", m)])]
+        assert len(cell) == 1 and float(cell[0]["data-value"]) == pytest.approx(sync[m] / can[m], rel=1e-12)
+    # every projected ratio in the per-point table is baseline / canzona from the records
+    for b in ("sync", "layerwise"):
+        for m in ("iteration_ms", "optimizer_step_ms"):
+            ratios = page.having("data-proj", **{"data-baseline": b, "data-metric": m})
+            assert sorted(float(e["data-value"]) for e in ratios) == pytest.approx(sorted(
+                summaries[(b, w)][m] / summaries[("canzona", w)][m] for w in (8, 256)), rel=1e-12)
+    adamw = page.having("data-proj", **{"data-baseline": "adamw", "data-metric": "optimizer_step_ms"})
+    assert sorted(float(e["data-value"]) for e in adamw) == pytest.approx(sorted(
+        summaries[("canzona", w)]["optimizer_step_ms"] / summaries[("adamw", w)]["optimizer_step_ms"] for w in (8, 256)))
+    # the inputs: profile name, source, stated inputs and the assumptions
+    assert page.having("data-field", **{"data-field": "profile-name"})[0]["text"] == "h100"
+    assert page.having("data-field", **{"data-field": "profile-source"})[0]["text"] == "spec-derived"
+    stated = page.having("class", **{"class": "profile-inputs"})[0]["text"]
+    assert "peak_bf16_tflops: 989.4" in stated and "model_mfu" in stated and "sources" in stated
+    listed = page.ids["projected-assumptions"]["text"]
+    for a in can["assumptions"]:
+        assert a in listed
+    assert "recomputes every matrix" in page.ids["sync-note"]["text"]
+    assert "reduce_loop" in page.ids["projected-settings"]["text"]
+    # trials.csv marks them; projected.csv holds the ratios
+    csv = (index.parent / "trials.csv").read_text().splitlines()
+    assert "projected" in csv[0].split(",") and len(csv) == 9
+    assert (index.parent / "projected.csv").is_file() and not (index.parent / "speedups.csv").exists()
+
+    # resume: nothing to project, nothing rewritten
+    before = {d.name: (d / "summary.json").stat().st_mtime_ns for d in trials}
+    rc, lines = _run([*PAPER_SLICE, f"results={tmp_path}"])
+    assert rc == 0 and any("0 to project, 8 skipped" in line for line in lines)
+    assert {d.name: (d / "summary.json").stat().st_mtime_ns for d in trials} == before
+    assert Path(lines[-1]) == index
+
+
+def _inside(page: Page, row: dict) -> list[dict]:
+    """Elements that come after `row` and before the next element of the same tag."""
+    i = page.elements.index(row)
+    out = []
+    for e in page.elements[i + 1:]:
+        if e["tag"] == row["tag"]:
+            break
+        out.append(e)
+    return out
+
+
+def test_simulate_reprojects_when_the_profile_content_changes(tmp_path: Path) -> None:
+    prof = tmp_path / "mygpu.yaml"
+    data = spec_profile("a100")
+    data["name"] = "mygpu"
+    prof.write_text(yaml.safe_dump(data))
+    argv = ["sweep=qwen3_scaling", "profile=paper", "cluster=simulate", "size=0.6b", "layout=n1-dp8tp1",
+            "method=canzona,sync", f"sim.profile={prof}", "sim.workers=1", f"results={tmp_path / 'r'}"]
+    rc, lines = _run(argv)
+    assert rc == 0
+    rd = tmp_path / "r" / "qwen3_scaling-paper-sim-mygpu"
+    first = {d.name: json.loads((d / "summary.json").read_text())["iteration_ms"]
+             for d in rd.iterdir() if (d / "summary.json").is_file()}
+    assert len(first) == 2
+    data["model"]["forward"]["flops_per_s"] /= 2  # a slower model pass: every iteration grows
+    prof.write_text(yaml.safe_dump(data))
+    rc, lines = _run(argv)
+    assert rc == 0 and any("2 to project" in line for line in lines)
+    assert any("another content of profile mygpu" in line for line in lines)
+    second = {d: json.loads((rd / d / "summary.json").read_text())["iteration_ms"] for d in first}
+    assert all(second[d] > first[d] for d in first)
+
+
+def test_simulate_errors_are_one_line(tmp_path: Path, capsys) -> None:
+    assert main(["sweep=qwen3_scaling", "cluster=nope", f"results={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "local, debug, slurm, simulate" in err
+    assert main(["sweep=qwen3_scaling", "cluster=simulate", "sim.profile=nosuch", f"results={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "sim.profile=nosuch" in err and "h100" in err
+    assert main(["sweep=qwen3_scaling", "cluster=simulate", "sim.workers=-1", f"results={tmp_path}"]) == 2
+    assert not any(tmp_path.iterdir())
+
+
+def test_simulate_dry_run_writes_nothing_and_ignores_local_rank_caps(tmp_path: Path) -> None:
+    rc, lines = _run(["sweep=qwen3_scaling", "profile=paper", "cluster=simulate", "dry_run=true", f"results={tmp_path}"])
+    assert rc == 0 and "120 trials, 120 to project" in lines[0] and "sim-h100" in lines[0]
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_failing_projection_is_recorded_and_the_sweep_goes_on(tmp_path: Path, monkeypatch) -> None:
+    import canzona.sim.simulate as sim
+
+    real = sim.write_trial
+
+    def flaky(cfg, profile, out):
+        if cfg.method == "sync":
+            raise RuntimeError("simulated failure")
+        return real(cfg, profile, out)
+
+    monkeypatch.setattr(sim, "write_trial", flaky)
+    rc, lines = _run(["sweep=qwen3_scaling", "profile=paper", "cluster=simulate", "size=0.6b", "layout=n1-dp8tp1",
+                      "method=canzona,sync", "sim.workers=1", f"results={tmp_path}"])
+    assert rc == 1
+    assert any("FAILED" in line and "RuntimeError: simulated failure" in line for line in lines)
+    assert Path(lines[-1]).is_file()  # the report still renders
+    states = {json.loads(p.read_text())["status"] for p in tmp_path.rglob("status.json")}
+    assert states == {"done", "failed"}
+
+
+# ----------------------------------------------------------------------------- predicted vs measured
+
+
+def _measured_trial(root: Path, name: str, overrides: list[str], factor: float, profile: dict) -> Path:
+    """A trial folder that looks measured: the projection on `profile` times `factor`."""
+    cfg = load_config(["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=1", "dist.device=cpu",
+                       *overrides])
+    res = project(cfg, profile, events="none")
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), "out": str(d)}))
+    summary = {f"{k}_{q}": res[k] * factor for k in ("iteration_ms", "optimizer_step_ms", "param_sync_ms",
+                                                      "grad_reduce_ms") for q in ("median", "p10", "p90")}
+    summary.update(world=res["world"], config=cfg.to_dict())
+    (d / "summary.json").write_text(json.dumps(summary))
+    rows = [{**r, "step": s, "measured": s > 0, **{k: v * factor for k, v in r.items() if k.endswith("_ms")}}
+            for s in range(3) for r in res["steps"]]
+    (d / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "status.json").write_text(json.dumps({"status": "done"}))
+    return d
+
+
+def slow_profile() -> dict:
+    """A100's spec profile slowed 10^4 times: the tiny model's steps last milliseconds, above
+    the 0.5 ms under which validate gives no error figure."""
+    prof = spec_profile("a100")
+    prof["name"] = "slow"
+    for k in prof["compute"]["matmul_flops_per_s"]:
+        prof["compute"]["matmul_flops_per_s"][k] /= 1e4
+    for k in ("eigh_flops_per_s", "memory_bytes_per_s"):
+        prof["compute"][k] /= 1e4
+    for k in ("adamw_seconds_per_element", "apply_seconds_per_element", "copy_seconds_per_byte"):
+        prof[k] *= 1e4
+    for ph in ("forward", "backward"):
+        prof["model"][ph]["flops_per_s"] /= 1e4
+    for level in prof["collectives"].values():
+        for link in level.values():
+            link["bandwidth_Bps"] /= 1e4
+    return prof
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> tuple[Path, dict]:
+    """Measured trials (two per method, different errors), one that cannot be simulated, one
+    failed, and one projected trial in the same folder."""
+    prof = slow_profile()
+    root = tmp_path_factory.mktemp("mixed") / "sweep"
+    for i, (method, f1, f2) in enumerate((("canzona", 1.25, 0.9), ("sync", 0.5, 1.1), ("layerwise", 1.0, 2.0))):
+        _measured_trial(root, f"m{i}a-{method}", [f"method={method}", "parallel.dp=2"], f1, prof)
+        _measured_trial(root, f"m{i}b-{method}", [f"method={method}", "parallel.dp=2", "parallel.tp=2"], f2, prof)
+    bad = root / "m9-bad"
+    bad.mkdir()
+    (bad / "config.yaml").write_text("method: nope\n")
+    (bad / "summary.json").write_text(json.dumps({"iteration_ms_median": 1.0}))
+    (bad / "status.json").write_text(json.dumps({"status": "done"}))
+    failed = root / "m8-failed"
+    failed.mkdir()
+    (failed / "config.yaml").write_text(yaml.safe_dump({"method": "sync"}))
+    (failed / "status.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
+    cfg = load_config(["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=1", "method=canzona",
+                       "parallel.dp=2"])
+    write_trial(cfg, spec_profile("h100"), root / "p0-projected")
+    return root, prof
+
+
+def test_predicted_vs_measured_numbers_are_compare_sweeps(mixed, tmp_path: Path) -> None:
+    root, prof = mixed
+    index = build_report(root, out=tmp_path / "rep", profile=prof)
+    want = compare_sweep(root, prof)
+    assert {r["trial"] for r in want["trials"]} == {f"m{i}{x}-{m}" for i, m in enumerate(("canzona", "sync", "layerwise"))
+                                                   for x in "ab"}  # the projection is not a measurement
+    page = Page(index.read_text())
+    assert "predicted" in page.ids and "predicted-errors" in page.ids
+    cells = page.having("data-pv-field")
+    expected = {m["method"]: m for m in want["by_method"]} | {"all": want["overall"]}
+    seen = set()
+    for c in cells:
+        stats = expected[c["data-pv-method"]]
+        assert float(c["data-value"]) == pytest.approx(stats[c["data-pv-field"]], rel=1e-12)
+        assert c["text"] == f"{stats[c['data-pv-field']]:.1f}%"
+        seen.add((c["data-pv-method"], c["data-pv-field"]))
+    for method in ("canzona", "sync", "layerwise", "all"):
+        for metric in ("optimizer_step_ms", "iteration_ms"):
+            assert (method, f"{metric}_median_abs_error_pct") in seen and (method, f"{metric}_worst_abs_error_pct") in seen
+    # hand-checkable: sync's trials measured 0.5x and 1.1x the prediction -> errors +100% and
+    # -9.09%: median |error| 54.5%, worst 100%
+    sync = expected["sync"]
+    assert sync["optimizer_step_ms_median_abs_error_pct"] == pytest.approx((100.0 + 100.0 / 11) / 2)
+    assert sync["optimizer_step_ms_worst_abs_error_pct"] == pytest.approx(100.0)
+    # the trials left out, and why
+    left = page.ids["predicted-left-out"]["text"]
+    assert "m9-bad" in left and "could not simulate" in left
+    assert "m8-failed" in left and "status failed" in left
+    assert "p0-projected" not in left and "p0-projected" not in page.ids["predicted-trials"]["text"]
+    # the projected trial has its section; the measured headline holds measured trials only
+    assert "projected" in page.ids and "p0-projected" not in page.ids["headline"]["text"]
+    assert page.having("data-pv-trial", **{"data-pv-trial": "m0a-canzona"})
+    assert (index.parent / "predicted.csv").is_file()
+
+
+def test_predicted_section_survives_the_simulator(mixed, tmp_path: Path, monkeypatch) -> None:
+    from analysis.load import load_sweep
+    from analysis.projection import predicted_section
+
+    root, _ = mixed
+    sweep = load_sweep(root)
+    sec = predicted_section(sweep, {t.trial_id for t in sweep.trials}, tmp_path / "missing.yaml")
+    assert sec["result"] is None and "not found" in sec["error"]
+
+    import canzona.sim.validate as validate
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("inside the simulator")
+
+    monkeypatch.setattr(validate, "compare_sweep", boom)
+    page = Page(build_report(root, out=tmp_path / "b", profile="h100").read_text())
+    assert "ZeroDivisionError: inside the simulator" in page.ids["predicted-error"]["text"]
+    assert "headline" in page.ids  # the measured part is intact
+
+
+def test_without_a_profile_the_section_says_how_to_make_one(mixed, tmp_path: Path, monkeypatch) -> None:
+    root, _ = mixed
+    monkeypatch.setattr("analysis.projection.LOCAL_PROFILE", tmp_path / "no-local.yaml")
+    page = Page(build_report(root, out=tmp_path / "r").read_text())  # profile="auto", nothing there
+    assert "python -m canzona.calibrate out=profiles/local.yaml" in page.ids["predicted-missing"]["text"]
+    from analysis.projection import resolve_profile
+
+    local = tmp_path / "local.yaml"
+    local.write_text(yaml.safe_dump(spec_profile("a100")))
+    monkeypatch.setattr("analysis.projection.LOCAL_PROFILE", local)
+    assert resolve_profile("auto") == str(local)  # auto picks it up once it exists
+    assert resolve_profile("none") is None and resolve_profile(None) is None and resolve_profile("h100") == "h100"
+
+
+def test_the_sweep_runner_passes_the_profile_to_the_report(tmp_path: Path, monkeypatch) -> None:
+    from canzona.sweep import cli
+
+    got = {}
+
+    def fake(sweep_dir, out=None, profile="auto"):
+        got["profile"] = profile
+        return Path(sweep_dir) / "report" / "index.html"
+
+    monkeypatch.setattr("analysis.report.build_report", fake)
+    assert cli.build_report(tmp_path, io.StringIO(), profile="/x/local.yaml") == 0
+    assert got["profile"] == "/x/local.yaml"
+    from canzona.sweep.expand import build_plan
+
+    plan = build_plan(["sweep=qwen3_scaling", "sim.profile=h200", "dry_run=true"])
+    assert plan.sim_profile == "h200" and plan.results_dir.name == "qwen3_scaling"
+    local = REPO / "profiles" / "local.yaml"
+    plan = build_plan(["sweep=qwen3_scaling", "dry_run=true"])
+    assert plan.sim_profile == (str(local) if local.is_file() else None)
