@@ -46,6 +46,20 @@ STEP_FIELDS = (
     "loss",
 )
 
+# Phase name -> timeline event category (the colour a Gantt chart gives it); shared by the
+# executor's timers and the simulator's timelines.
+CATEGORY = {
+    "forward": "model",
+    "backward": "model",
+    "grad_reduce": "comm",
+    "gather": "comm",
+    "compute": "compute",
+    "scatter": "comm",
+    "apply": "compute",
+    "param_sync": "comm",
+    "wait": "wait",
+}
+
 SUMMARY_KEYS = (
     "iteration_ms_median",
     "iteration_ms_p10",

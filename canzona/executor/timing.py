@@ -13,18 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-# Phase name -> timeline category (what colour the Gantt chart gives it).
-CATEGORY = {
-    "forward": "model",
-    "backward": "model",
-    "grad_reduce": "comm",
-    "gather": "comm",
-    "compute": "compute",
-    "scatter": "comm",
-    "apply": "compute",
-    "param_sync": "comm",
-    "wait": "wait",
-}
+from canzona.records import CATEGORY
 
 
 class StepTimer:

@@ -28,19 +28,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-# Phase name -> timeline category: `canzona.executor.timing.CATEGORY` (kept here so that the
-# simulator does not import torch; a unit test pins the two equal).
-CATEGORY = {
-    "forward": "model",
-    "backward": "model",
-    "grad_reduce": "comm",
-    "gather": "comm",
-    "compute": "compute",
-    "scatter": "comm",
-    "apply": "compute",
-    "param_sync": "comm",
-    "wait": "wait",
-}
+from canzona.records import CATEGORY
 
 
 @dataclass

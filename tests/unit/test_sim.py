@@ -15,7 +15,7 @@ from canzona.plan.methods import make_plan
 from canzona.records import STEP_FIELDS
 from canzona.sim.profile import COLLECTIVES, PROFILES_DIR, SPECS, Link, Profile, load_profile, spec_profile
 from canzona.sim.simulate import project, simulate
-from canzona.sim.timeline import CATEGORY, Timeline
+from canzona.sim.timeline import Timeline
 from canzona.sim.validate import compare, compare_sweep
 
 METHODS = ["canzona", "sync", "layerwise", "adamw"]
@@ -53,12 +53,6 @@ def toy_profile(*, slope_s: float = MS, overhead_s: float = 0.0, latency_s: floa
 
 
 # ---------------------------------------------------------------- timeline and collective model
-def test_category_matches_executor_timer() -> None:
-    from canzona.executor.timing import CATEGORY as EXECUTOR
-
-    assert CATEGORY == EXECUTOR
-
-
 def test_single_collective_is_latency_plus_bytes_over_bandwidth() -> None:
     prof = Profile(toy_profile(latency_s=1e-4, bw=1e9, step_latency_s=1e-5))
     n = 8_000_000
