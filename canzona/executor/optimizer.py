@@ -65,7 +65,7 @@ class DistributedOptimizer:
             i for i in range(n) if plan.uses_matrix_rule(i) and self._mine_on_dp(i) and i not in pipelined
         ]
         # elementwise: adamw's equal shards work on flat slices, the others on whole local params
-        self.flat_elementwise = plan.method == "adamw"
+        self.flat_elementwise = plan.elementwise_on_shards
         self.elementwise_params = [
             i for i in range(n) if not plan.uses_matrix_rule(i) and self._mine_on_dp(i) and not self.flat_elementwise
         ]
@@ -89,7 +89,7 @@ class DistributedOptimizer:
         assert plan.shard_ranges is not None
         ranges = plan.shard_ranges[b]
         pending = reduce_scatter(self.buffers.grad_buf, ranges, ctx.dp_rank, ctx.dp_group, self.how, average=True)
-        if plan.method == "sync":  # zero1_gather: every rank needs every full gradient back
+        if plan.regathers_grads:  # every rank needs every full gradient back
             return Pending([], lambda: (pending.wait(), all_gather(self.buffers.grad_buf, ranges, ctx.dp_rank,
                                                                    ctx.dp_group, self.how).wait()))
         return pending

@@ -15,6 +15,9 @@ A DP plan gives, for every bucket, P+1 absolute cut offsets: rank r owns the ele
   snapping gives it to whichever rank's cut it is nearest, minmax to the least-loaded rank
   (which is exactly LPT when buckets hold one matrix each).
 
+- ``joint_lpt_owners``: for α = 1, LPT over all params onto DP×TP bins, each DP rank's part of
+  a bucket kept one contiguous range (``ranges_from_owners`` turns it into shard ranges).
+
 The blended load for α: a rank's load is ``α·cost/total_cost + (1-α)·elements/bucket_elements``
 accumulated over buckets for the cost part and per bucket for the element part, so α = 1
 balances the chosen cost model across the whole step and α = 0 makes each bucket's shards as
@@ -83,9 +86,8 @@ def _bucket_order(layout: BufferLayout, cost: dict[int, float]) -> list[int]:
     return sorted(range(len(layout.buckets)), key=lambda i: (-sum(cost[s.index] for s in layout.buckets[i].params), i))
 
 
-def _blend(layout: BufferLayout, bucket: Bucket, cost: dict[int, float], total_cost: float, alpha: float) -> np.ndarray:
+def _blend(bucket: Bucket, bounds: list[int], cost: dict[int, float], total_cost: float, alpha: float) -> np.ndarray:
     """Per-param blended weight inside one bucket (padding counts as elements)."""
-    bounds = boundaries(bucket)
     elems = np.diff(bounds).astype(float)  # param + the padding after it
     costs = np.array([cost[s.index] for s in bucket.params])
     return alpha * costs / total_cost + (1.0 - alpha) * elems / bucket.numel
@@ -141,7 +143,7 @@ def minmax_split(weights: np.ndarray, offsets: np.ndarray, rel_tol: float = 1e-9
     return best
 
 
-def _snap_split(weights: np.ndarray, offsets: np.ndarray, target: float, alpha: float, bounds: list[int]) -> list[int]:
+def _snap_split(weights: np.ndarray, offsets: np.ndarray, target: float, alpha: float) -> list[int]:
     """The paper's rule: blend equal and deficit-proportional splits, snap running sums."""
     p = len(offsets)
     total = float(weights.sum())
@@ -171,11 +173,11 @@ def alpha_cuts(
     for bi in _bucket_order(layout, cost):
         bucket = layout.buckets[bi]
         bounds = boundaries(bucket)
-        weights = _blend(layout, bucket, cost, total_cost, alpha)
+        weights = _blend(bucket, bounds, cost, total_cost, alpha)
         if variant == "minmax":
             idx = minmax_split(weights, cost_load)
         else:
-            idx = _snap_split(weights, cost_load, float(cost_load.sum() + weights.sum()) / p, alpha, bounds)
+            idx = _snap_split(weights, cost_load, float(cost_load.sum() + weights.sum()) / p, alpha)
         cuts = tuple(bounds[i] if i < len(bucket.params) else bucket.end for i in idx)
         result[bi] = cuts
         prefix = np.concatenate([[0.0], np.cumsum([cost[s.index] for s in bucket.params])])

@@ -62,7 +62,7 @@ def _dp_fractions(plan: Plan, index: int) -> np.ndarray:
         out = np.zeros(dp)
         out[owner] = 1.0
         return out
-    if plan.shard_ranges is None or plan.matrix_rule and plan.params[index].kind == "matrix" or plan.method == "sync":
+    if plan.shard_ranges is None or plan.uses_matrix_rule(index) or plan.every_rank_updates_all:
         return np.ones(dp)  # every DP rank computes it in full
     bucket, slot = plan.layout.slot_of()[index]
     out = np.array([max(0, min(slot.end, b) - max(slot.start, a)) for a, b in plan.shard_ranges[bucket]], dtype=float)

@@ -53,5 +53,23 @@ class Plan:
     def tp(self) -> int:
         return self.layout.tp
 
+    @property
+    def every_rank_updates_all(self) -> bool:
+        """Every DP rank computes every update itself (sync): nothing to sync afterwards."""
+        return self.param_sync == "none"
+
+    @property
+    def regathers_grads(self) -> bool:
+        """Gradients are reduce-scattered, then all-gathered back in full (sync's zero1_gather)."""
+        return self.every_rank_updates_all and self.grad_reduce == "reduce_scatter"
+
+    @property
+    def elementwise_on_shards(self) -> bool:
+        """Elementwise updates run on each rank's flat shard of a bucket (ZeRO-1 AdamW), not on
+        whole params: shards exist and no param has a DP owner."""
+        return self.shard_ranges is not None and not self.every_rank_updates_all and all(
+            o is None for o in self.dp_owner
+        )
+
     def uses_matrix_rule(self, index: int) -> bool:
         return self.matrix_rule and self.params[index].kind == "matrix"

@@ -177,7 +177,7 @@ class _Sim:
         else:
             raise ValueError(f"unknown dp_collective {how!r}")
         pend = _Pending(handles, finish)
-        if plan.method == "sync":  # zero1_gather: the full gradients come back
+        if plan.regathers_grads:  # the full gradients come back
             pend.regather = (ranks, self._all_gather_seconds(ranges, ranks))
             pend.regather_copy = prof.copy(nbytes)
         return pend
@@ -313,7 +313,7 @@ class _Sim:
 
     def _elementwise(self, d: int, ranks: list[int]) -> None:
         plan, tp = self.plan, self.tp
-        if plan.method == "adamw":
+        if plan.elementwise_on_shards:
             sizes = []
             for b, bucket in enumerate(plan.layout.buckets):
                 lo, hi = plan.shard_ranges[b][d] if self.dp > 1 else (bucket.start, bucket.end)
