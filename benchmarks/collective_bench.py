@@ -11,10 +11,11 @@ bit-identical in results (tests/dist/test_parity.py); only their cost differs.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import tempfile
 from pathlib import Path
+
+from bench_io import write_csv
 
 from canzona.config import DP_COLLECTIVES, load_config
 from canzona.run import run_trial
@@ -42,13 +43,7 @@ def main() -> int:
                 r = rows[-1]
                 print(f"dp={dp} {how:12} grad reduce {r['grad_reduce_ms']:7.1f} ms  param sync {r['param_sync_ms']:7.1f} ms"
                       f"  iteration {r['iteration_ms']:7.1f} ms", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {out}")
+    write_csv(rows, args.out)
     return 0
 
 

@@ -13,11 +13,12 @@ rounds, so background load on a shared machine hits every method alike.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+from bench_io import write_csv
 
 from canzona.config import load_config
 from canzona.run import run_trial
@@ -65,13 +66,7 @@ def main() -> int:
               f"{c['optimizer_step_ms'] / by['adamw']['optimizer_step_ms']:10.2f}x "
               f"{by['sync']['iteration_ms'] / c['iteration_ms']:13.2f}x "
               f"{by['layerwise']['iteration_ms'] / c['iteration_ms']:12.2f}x")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"\nwrote {out}")
+    write_csv(rows, args.out)
     return 0
 
 

@@ -12,11 +12,10 @@ of compute imbalance and the slowest planning time per model.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
-from pathlib import Path
 
 import numpy as np
+from bench_io import write_csv
 
 from canzona.config import load_config
 from canzona.inventory import QWEN3
@@ -69,12 +68,7 @@ def main() -> int:
                                  "lower_bound": round(m.lower_bound, 4), "lpt_reference": round(lpt_ref, 4)})
         print(f"{model}: slowest canzona plan {max(r['plan_seconds'] for r in rows if r['model'] == model and r['method'] == 'canzona'):.3f} s",
               flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(rows, args.out)
     print("\ncompute imbalance (canzona / layerwise / sync / lpt reference), TP=1 and TP=8:")
     print(f"{'model':11} {'tp':>2} " + " ".join(f"{'dp=' + str(d):>26}" for d in DPS))
     for model in QWEN3:
@@ -85,7 +79,6 @@ def main() -> int:
                 cells.append(f"{by['canzona']['compute_imbalance']:.2f}/{by['layerwise']['compute_imbalance']:.2f}/"
                              f"{by['sync']['compute_imbalance']:.0f}/{by['canzona']['lpt_reference']:.2f}")
             print(f"{model:11} {tp:>2} " + " ".join(f"{c:>26}" for c in cells))
-    print(f"\nwrote {out}")
     return 0
 
 

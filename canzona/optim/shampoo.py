@@ -30,6 +30,17 @@ def inverse_root(mats: Tensor, root: int, eps: float) -> Tensor:
     return ((eigvecs * scale.unsqueeze(-2)) @ eigvecs.mT).to(mats.dtype)
 
 
+def kronecker_state(
+    shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype, left: str, right: str
+) -> dict[str, Tensor]:
+    """Zero state shared by Shampoo and SOAP: Adam moments, the factors L (rows²) and R (cols²),
+    and one rows² and one cols² matrix named `left` / `right` (inverse roots, or eigenbases)."""
+    rows, cols = shape
+    shapes = {"exp_avg": (rows, cols), "exp_avg_sq": (rows, cols), "L": (rows, rows), "R": (cols, cols),
+              left: (rows, rows), right: (cols, cols)}
+    return {k: torch.zeros(s, device=device, dtype=dtype) for k, s in shapes.items()}
+
+
 class Shampoo(UpdateRule):
     elementwise = False
 
@@ -54,16 +65,7 @@ class Shampoo(UpdateRule):
     def init_state(
         self, shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype
     ) -> dict[str, Tensor]:
-        rows, cols = shape
-        shapes = {
-            "exp_avg": (rows, cols),
-            "exp_avg_sq": (rows, cols),
-            "L": (rows, rows),
-            "R": (cols, cols),
-            "L_inv_root": (rows, rows),
-            "R_inv_root": (cols, cols),
-        }
-        return {k: torch.zeros(s, device=device, dtype=dtype) for k, s in shapes.items()}
+        return kronecker_state(shape, device, dtype, "L_inv_root", "R_inv_root")
 
     def directions(self, grads: list[Tensor], states: list[dict[str, Tensor]], step: int) -> list[Tensor]:
         check_matrices(grads, "Shampoo")

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from canzona.config import OptimizerSection
 from canzona.optim.base import UpdateRule, check_matrices, group_by_shape
-from canzona.optim.shampoo import is_refresh_step
+from canzona.optim.shampoo import is_refresh_step, kronecker_state
 
 
 def eigenbasis(mats: Tensor) -> Tensor:
@@ -58,16 +58,7 @@ class SOAP(UpdateRule):
     def init_state(
         self, shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype
     ) -> dict[str, Tensor]:
-        rows, cols = shape
-        shapes = {
-            "exp_avg": (rows, cols),
-            "exp_avg_sq": (rows, cols),
-            "L": (rows, rows),
-            "R": (cols, cols),
-            "Q_L": (rows, rows),
-            "Q_R": (cols, cols),
-        }
-        return {k: torch.zeros(s, device=device, dtype=dtype) for k, s in shapes.items()}
+        return kronecker_state(shape, device, dtype, "Q_L", "Q_R")
 
     def directions(self, grads: list[Tensor], states: list[dict[str, Tensor]], step: int) -> list[Tensor]:
         check_matrices(grads, "SOAP")
