@@ -26,13 +26,13 @@ import pandas as pd
 
 from analysis.load import Sweep, Trial
 from analysis.stats import POINT_BASE, _variant, method_order, point_extra_columns
+from canzona.records import PHASES
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_PROFILE = REPO / "profiles" / "local.yaml"
 CALIBRATE_CMD = "python -m canzona.calibrate out=profiles/local.yaml"
 BASELINES = ("sync", "layerwise")
 METRICS = ("iteration_ms", "optimizer_step_ms")
-PHASES = ("forward", "backward", "grad_reduce", "gather", "compute", "scatter", "apply", "wait", "param_sync")
 # trial settings that shape a projection, listed with its inputs
 SHAPING_KEYS = ("dist.dp_collective", "optimizer.ns_dtype", "train.micro_batch", "train.seq_len",
                 "bucket.size", "canzona.pipeline_depth", "canzona.cost", "dist.overlap_grad_reduce")

@@ -31,11 +31,11 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import Sweep, planned_loads
+from canzona.records import PHASES
 
 METHODS = ("canzona", "sync", "layerwise", "adamw")
 BASELINES = ("sync", "layerwise")
 METRICS = ("iteration_ms", "optimizer_step_ms")
-PHASES = ("forward", "backward", "grad_reduce", "gather", "compute", "scatter", "apply", "wait", "param_sync")
 POINT_BASE = ("model", "optimizer.name", "parallel.dp", "parallel.tp")
 # config values that never split a point: identity, seeds, paths, test hooks, model (in `model`)
 NOT_POINT = {

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -40,7 +39,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from canzona.inventory import QWEN3, ConfigError, build_inventory, model_config
+from canzona.errors import ConfigError
+from canzona.inventory import QWEN3, build_inventory, model_config
+from canzona.net import free_port
 from canzona.sim.profile import COLLECTIVES, refresh_flops, steady_flops, volume
 
 REPO = Path(__file__).resolve().parents[1]
@@ -311,10 +312,6 @@ def measure_compute(opts: dict[str, Any], sync=_solo) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------- collectives
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 MODEL_POINTS = (  # (model, width_div, layers, micro_batch, seq_len): around the local sweep's sizes
@@ -477,7 +474,7 @@ def run_workers(opts: dict[str, Any]) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.json")
-        mp.start_processes(mod._worker, args=(2, _free_port(), opts, out), nprocs=2, join=True, start_method="spawn")
+        mp.start_processes(mod._worker, args=(2, free_port(), opts, out), nprocs=2, join=True, start_method="spawn")
         return json.loads(Path(out).read_text())
 
 

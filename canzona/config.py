@@ -12,9 +12,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from canzona.inventory import ConfigError, ModelConfig, check_tp, model_config
+from canzona.errors import ConfigError
+from canzona.inventory import ModelConfig, check_tp, model_config
+from canzona.overrides import build, split_argv
 
 METHODS = ("canzona", "sync", "layerwise", "adamw")
 OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
@@ -133,7 +134,7 @@ class TrialConfig:
 
 
 # Shorthands accepted on the command line for convenience: `model=qwen3-8b optimizer=soap`.
-_SHORTHANDS = {"model": "model.name", "optimizer": "optimizer.name"}
+SHORTHANDS = {"model": "model.name", "optimizer": "optimizer.name"}
 
 
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -175,13 +176,6 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     return cfg
 
 
-def _parse_override(item: str) -> tuple[str, str]:
-    if "=" not in item or item.startswith("="):
-        raise ConfigError(f"bad override {item!r}; expected key=value, e.g. parallel.dp=8")
-    key, value = item.split("=", 1)
-    return _SHORTHANDS.get(key.strip(), key.strip()), value
-
-
 @functools.lru_cache(maxsize=1)
 def _schema() -> Any:
     """The structured schema (building it costs ~50 ms; merges never modify it)."""
@@ -190,48 +184,15 @@ def _schema() -> Any:
 
 def load_config(overrides: list[str] | tuple[str, ...] = (), base: dict[str, Any] | None = None) -> TrialConfig:
     """Build a validated TrialConfig from an optional base dict and ``key=value`` overrides."""
-    schema = _schema()
-    try:
-        merged = OmegaConf.merge(schema, base or {})
-        for item in overrides:
-            key, value = _parse_override(item)
-            OmegaConf.update(merged, key, _yaml_value(value), merge=True, force_add=False)
-        obj = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
-        raise ConfigError(_one_line(e)) from None
+    args = split_argv(overrides, shorthands=SHORTHANDS)
+    obj = build(_schema(), args.overrides, base=base)
     assert isinstance(obj, TrialConfig)
     return validate(obj)
 
 
-def _yaml_value(value: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(value) if value != "" else None
-    except yaml.YAMLError:
-        return value
-
-
-def _one_line(e: OmegaConfBaseException) -> str:
-    msg = str(e).splitlines()[0].strip()
-    key = getattr(e, "full_key", None)
-    if "Key" in msg and "not in" in msg and key:
-        parent = key.rsplit(".", 1)[0] if "." in key else ""
-        allowed = _allowed_keys(parent)
-        return f"unknown config key {key!r}; allowed under {parent or 'top level'}: {', '.join(allowed)}"
-    if key:
-        return f"{key}: {msg}"
-    return msg
-
-
-def _allowed_keys(parent: str) -> list[str]:
-    node: Any = _schema()
-    for part in filter(None, parent.split(".")):
-        node = node[part]
-    return sorted(node.keys())
-
-
-def parse_cli(argv: list[str]) -> tuple[TrialConfig, set[str]]:
-    """Split ``--flags`` from overrides; return the config and the set of flags."""
-    flags = {a for a in argv if a.startswith("--")}
-    return load_config([a for a in argv if not a.startswith("--")]), flags
+def parse_cli(argv: list[str], flags: tuple[str, ...] = ()) -> tuple[TrialConfig, set[str]]:
+    """A trial command line: ``key=value`` overrides plus the allowed ``--flags``."""
+    args = split_argv(argv, flags=flags, shorthands=SHORTHANDS)
+    obj = build(_schema(), args.overrides)
+    assert isinstance(obj, TrialConfig)
+    return validate(obj), args.flags

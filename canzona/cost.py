@@ -18,7 +18,8 @@ from typing import Protocol
 
 import yaml
 
-from canzona.inventory import ConfigError, ParamSpec
+from canzona.errors import ConfigError
+from canzona.inventory import ParamSpec
 
 # Elementwise AdamW: ~12 flops per element (two moment updates, bias corrections, sqrt, div,
 # decoupled decay, the update itself).

@@ -19,11 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from canzona.errors import ConfigError
+
 Kind = Literal["matrix", "adamw"]
-
-
-class ConfigError(ValueError):
-    """Invalid user input; the message is one line naming the value and what is allowed."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ A trial folder (``results/<sweep>/<trial_id>/`` in a sweep, ``out=DIR`` for one 
   false), with the keys of `STEP_FIELDS` (milliseconds unless named otherwise) and ``events``:
   a list of ``{"name", "cat", "start_ms", "dur_ms"}`` relative to the step's start, the
   per-rank timeline of the step (cat is one of compute, comm, wait, model).
-- ``summary.json`` the trial's aggregates: see `SUMMARY_KEYS`.
+- ``summary.json`` the trial's aggregates (medians and p10/p90 over measured steps of the max over
+  ranks, the plan, the world, versions, host and the resolved config).
 - ``status.json``  written by the sweep launcher: ``{"status": "done"|"failed"|"running",
   "error": str|None, "job_id": str|None, "started": iso, "ended": iso|None}``.
 - ``stdout.txt`` / ``stderr.txt`` tails written by the sweep launcher.
@@ -46,6 +47,9 @@ STEP_FIELDS = (
     "loss",
 )
 
+# The phases every rank's step is split into (`*_ms` columns of steps.jsonl, in timeline order).
+PHASES = ("forward", "backward", "grad_reduce", "gather", "compute", "scatter", "apply", "param_sync", "wait")
+
 # Phase name -> timeline event category (the colour a Gantt chart gives it); shared by the
 # executor's timers and the simulator's timelines.
 CATEGORY = {
@@ -59,23 +63,6 @@ CATEGORY = {
     "param_sync": "comm",
     "wait": "wait",
 }
-
-SUMMARY_KEYS = (
-    "iteration_ms_median",
-    "iteration_ms_p10",
-    "iteration_ms_p90",
-    "optimizer_step_ms_median",
-    "optimizer_step_ms_p10",
-    "optimizer_step_ms_p90",
-    "param_sync_ms_median",
-    "peak_memory_mb",  # list, per rank
-    "world",  # {"world_size", "dp", "tp", "backend", "device"}
-    "plan",  # {"imbalance": {...}, "ranks": [...], "plan_seconds"}
-    "versions",  # {"torch", "megatron_core", "python", "git"}
-    "host",
-    "config",  # the resolved config, nested dict
-)
-
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     path = Path(path)

@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,10 +31,9 @@ from typing import Any
 import yaml
 
 from canzona.config import TrialConfig, load_config
-from canzona.inventory import ConfigError
-from canzona.records import atomic_write_json, atomic_write_text
-
-PHASES = ("forward", "backward", "grad_reduce", "gather", "compute", "scatter", "apply", "param_sync", "wait")
+from canzona.errors import ConfigError
+from canzona.net import free_port
+from canzona.records import PHASES, atomic_write_json, atomic_write_text
 
 
 # ---------------------------------------------------------------------------------- launching
@@ -52,10 +50,6 @@ def _env_from_slurm() -> None:
         env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spawned_rank(local_rank: int, cfg_dict: dict[str, Any], out: str, port: int, world: int) -> None:
@@ -80,7 +74,7 @@ def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
     # and later trials in the same process forks from it instead of importing them again.
     mp.set_forkserver_preload(["canzona.executor.optimizer", "canzona.model.qwen3"])
     ctx = mp.start_processes(
-        _spawned_rank, args=(cfg.to_dict(), str(out), _free_port(), world), nprocs=world, join=False,
+        _spawned_rank, args=(cfg.to_dict(), str(out), free_port(), world), nprocs=world, join=False,
         start_method="forkserver",
     )
     while not ctx.join():  # raises ProcessRaisedException / ProcessExitedException, killing the rest

@@ -20,7 +20,8 @@ import hashlib
 
 import torch
 
-from canzona.inventory import ConfigError, ModelConfig
+from canzona.errors import ConfigError
+from canzona.inventory import ModelConfig
 
 
 def _seed(*parts: object) -> int:

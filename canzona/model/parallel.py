@@ -17,7 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from canzona.inventory import ConfigError
+from canzona.errors import ConfigError
+from canzona.net import free_port
 
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed" on import
     warnings.simplefilter("ignore")
@@ -59,7 +60,7 @@ def init_parallel(
         if "MASTER_PORT" not in os.environ:
             if world > 1:
                 raise ConfigError("MASTER_PORT is not set for a multi-process run")
-            os.environ["MASTER_PORT"] = str(_free_port())
+            os.environ["MASTER_PORT"] = str(free_port())
         if backend == "nccl":
             local = int(os.environ.get("LOCAL_RANK", rank % max(1, torch.cuda.device_count())))
             torch.cuda.set_device(local)
@@ -105,9 +106,3 @@ def destroy_parallel(*, process_group: bool = True) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -9,7 +9,7 @@ import json
 import sys
 
 from canzona.config import TrialConfig, parse_cli
-from canzona.inventory import ConfigError
+from canzona.errors import ConfigError
 from canzona.plan.methods import make_plan
 from canzona.plan.metrics import PlanMetrics, compute_metrics
 from canzona.plan.types import Plan
@@ -89,10 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     try:
-        cfg, flags = parse_cli(argv)
-        unknown = flags - {"--json"}
-        if unknown:
-            raise ConfigError(f"unknown flag {sorted(unknown)[0]}; allowed: --json")
+        cfg, flags = parse_cli(argv, flags=("--json",))
         plan = make_plan(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -55,7 +55,7 @@ from typing import Any
 import yaml
 
 from canzona.cost import ADAMW_FLOPS_PER_ELEMENT, muon_flops, shampoo_flops, soap_flops
-from canzona.inventory import ConfigError
+from canzona.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES_DIR = REPO / "profiles"

@@ -40,12 +40,11 @@ from canzona.executor.collectives import equal_in_order, resolve
 from canzona.plan.metrics import compute_metrics
 from canzona.plan.tp import MicroGroup
 from canzona.plan.types import Plan
+from canzona.records import PHASES
 from canzona.sim.claims import PAPER_CLAIMS  # re-exported: the paper's headline, beside projections
 from canzona.sim.model import BYTES, ModelWork, forward_flops, model_work
 from canzona.sim.profile import Profile, load_profile
 from canzona.sim.timeline import Handle, Timeline
-
-PHASES = ("forward", "backward", "grad_reduce", "gather", "compute", "scatter", "apply", "param_sync", "wait")
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -535,7 +534,7 @@ def write_trial(cfg: TrialConfig, profile: Any, out: str | Path) -> dict[str, An
 def main(argv: list[str] | None = None) -> int:
     """``python -m canzona.sim.simulate profile=h100 model=qwen3-32b parallel.dp=32 parallel.tp=8 [--json]``."""
     from canzona.config import load_config
-    from canzona.inventory import ConfigError
+    from canzona.errors import ConfigError
 
     argv = sys.argv[1:] if argv is None else argv
     profile = "h100"

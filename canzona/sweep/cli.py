@@ -17,7 +17,7 @@ from typing import TextIO
 
 import yaml
 
-from canzona.inventory import ConfigError
+from canzona.errors import ConfigError
 from canzona.records import atomic_write_json, atomic_write_text
 from canzona.sim.profile import load_profile
 from canzona.sweep import bookkeeping as bk

@@ -40,7 +40,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from canzona.config import TrialConfig, load_config, validate
-from canzona.inventory import ConfigError
+from canzona.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO / "sweeps" / "configs"

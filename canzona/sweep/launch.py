@@ -20,7 +20,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 import submitit
 
+from canzona.net import free_port
 from canzona.sweep.expand import (
     REPO,
     JobShape,
@@ -220,10 +220,6 @@ class Handle:
             pass
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def task_config(trial: Trial, trial_dir: Path) -> dict[str, Any]:
@@ -268,7 +264,7 @@ class LocalBackend(Backend):
                 signal_delay_s=5,
             )
             saved = os.environ.get("MASTER_PORT")
-            os.environ["MASTER_PORT"] = str(_free_port())  # the job inherits this environment
+            os.environ["MASTER_PORT"] = str(free_port())  # the job inherits this environment
             try:
                 job = ex.submit(TrialTask(task_config(trial, tdir), str(tdir), mode))
             except Exception as e:  # noqa: BLE001 - record and go on

@@ -15,7 +15,6 @@ import faulthandler
 import io
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -23,16 +22,13 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from canzona.net import free_port
 
 
 class ChildError(RuntimeError):
     """A rank raised; the message carries its traceback."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child(rank: int, world: int, port: int, fn: Callable, args: tuple, q, timeout_s: float) -> None:

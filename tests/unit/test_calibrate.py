@@ -23,7 +23,8 @@ from canzona.calibrate import (
 )
 from canzona.config import load_config
 from canzona.cost import FlopsCost, load_measured
-from canzona.inventory import ConfigError, build_inventory, model_config
+from canzona.errors import ConfigError
+from canzona.inventory import build_inventory, model_config
 from canzona.plan.methods import make_plan
 from canzona.sim.profile import COLLECTIVES, load_profile
 from canzona.sim.simulate import project

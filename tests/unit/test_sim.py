@@ -190,7 +190,7 @@ def test_spec_profiles_are_the_generator_output_and_labelled() -> None:
 
 
 def test_unknown_profile_is_a_one_line_error() -> None:
-    from canzona.inventory import ConfigError
+    from canzona.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not found"):
         load_profile("no-such-profile")

@@ -1,0 +1,128 @@
+"""One parser for every entry point's arguments: ``key=value`` overrides, ``--flags`` and positionals.
+
+Every command (``canzona.plan``, ``canzona.run``, ``canzona.calibrate``, ``canzona.sim.simulate``,
+``analysis.report``, ``sweeps/run.py``) takes Hydra-style ``key=value`` overrides merged into a
+structured OmegaConf schema (a dataclass), so that
+
+- an unknown key is refused with the keys allowed at that level,
+- a value of the wrong type names the key and the type,
+- an unknown ``--flag`` or a stray positional argument is refused,
+
+each as one `ConfigError` line (the CLI prints it and exits 2, having written nothing).
+
+Values are typed by the schema, not by YAML: ``slurm.time=01:00:00`` stays a string and
+``parallel.dp=8`` becomes an int because the field is one. Only values that are clearly YAML
+structures (``[a, b]``, ``{k: v}``) or null (``null``, ``~``, empty) are parsed as YAML first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from canzona.errors import ConfigError
+
+T = TypeVar("T")
+NULLS = ("", "null", "~", "None")
+
+
+@dataclass
+class Arguments:
+    """A command line split into its parts (see `split_argv`)."""
+
+    overrides: list[tuple[str, str]] = field(default_factory=list)
+    flags: set[str] = field(default_factory=set)
+    positionals: list[str] = field(default_factory=list)
+
+
+def split_argv(
+    argv: Sequence[str],
+    *,
+    flags: Iterable[str] = (),
+    positionals: int = 0,
+    shorthands: Mapping[str, str] | None = None,
+    usage: str = "",
+) -> Arguments:
+    """Split ``argv`` into ``key=value`` overrides, allowed ``--flags`` and up to ``positionals``
+    bare arguments; anything else is a `ConfigError` naming what is allowed."""
+    allowed_flags = set(flags)
+    out = Arguments()
+    for item in argv:
+        if item.startswith("--"):
+            if item not in allowed_flags:
+                allowed = ", ".join(sorted(allowed_flags)) or "none"
+                raise ConfigError(f"unknown flag {item}; allowed flags: {allowed}")
+            out.flags.add(item)
+        elif "=" in item and not item.startswith("="):
+            key, value = item.split("=", 1)
+            key = key.strip()
+            out.overrides.append(((shorthands or {}).get(key, key), value))
+        elif "=" not in item and len(out.positionals) < positionals:
+            out.positionals.append(item)
+        else:
+            hint = f" ({usage})" if usage else ""
+            raise ConfigError(f"bad argument {item!r}; expected key=value, e.g. parallel.dp=8{hint}")
+    return out
+
+
+def typed_value(text: str) -> Any:
+    """A command-line value as the schema should receive it (see the module docstring)."""
+    stripped = text.strip()
+    if stripped in NULLS:
+        return None
+    if stripped[:1] in "[{":
+        try:
+            return yaml.safe_load(stripped)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"cannot parse {text!r}: {str(e).splitlines()[0]}") from None
+    return text
+
+
+def build(
+    schema: type[T] | Any,
+    overrides: Iterable[tuple[str, str]] = (),
+    *,
+    base: Mapping[str, Any] | None = None,
+    layers: Iterable[Mapping[str, Any] | None] = (),
+    what: str = "config",
+) -> T:
+    """Merge ``base``, then ``layers``, then the ``(key, text)`` overrides into ``schema`` (a
+    dataclass or an already structured OmegaConf node) and return the resulting object."""
+    node = schema if OmegaConf.is_config(schema) else OmegaConf.structured(schema)
+    key = ""
+    try:
+        merged = OmegaConf.merge(node, dict(base or {}))
+        for layer in layers:
+            merged = OmegaConf.merge(merged, dict(layer or {}))
+        for key, text in overrides:
+            OmegaConf.update(merged, key, typed_value(text), merge=True, force_add=False)
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        raise ConfigError(one_line(e, node, what, key)) from None
+
+
+def one_line(e: OmegaConfBaseException, schema: Any, what: str = "config", key: str = "") -> str:
+    """An OmegaConf error as one line; unknown keys list the keys allowed at their level."""
+    msg = str(e).splitlines()[0].strip()
+    full_key = getattr(e, "full_key", None) or key
+    if "not in" in msg or "Missing key" in msg or "Key '" in msg and "not" in msg:
+        parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+        allowed = allowed_keys(schema, parent)
+        if allowed is not None:
+            return f"unknown {what} key {full_key!r}; allowed under {parent or 'top level'}: {', '.join(allowed)}"
+    return f"{full_key}: {msg}" if full_key else msg
+
+
+def allowed_keys(schema: Any, parent: str) -> list[str] | None:
+    node = schema if OmegaConf.is_config(schema) else OmegaConf.structured(schema)
+    try:
+        for part in filter(None, parent.split(".")):
+            node = node[part]
+        return sorted(node.keys())
+    except Exception:  # noqa: BLE001 - the parent itself is unknown
+        return None
