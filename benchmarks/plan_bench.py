@@ -21,8 +21,8 @@ from canzona.config import load_config
 from canzona.inventory import QWEN3
 from canzona.plan.dp import lpt
 from canzona.plan.methods import make_plan
-from canzona.plan.metrics import compute_metrics
 from canzona.plan.types import Plan
+from canzona.program.count import compute_metrics
 
 DPS = (8, 16, 32, 64, 128, 256)
 TPS = (1, 2, 4, 8)

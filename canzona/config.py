@@ -15,13 +15,13 @@ from omegaconf import OmegaConf
 
 from canzona.errors import ConfigError
 from canzona.inventory import ModelConfig, check_tp, model_config
-from canzona.overrides import build, split_argv
+from canzona.overrides import Arguments, build, split_argv
 
 METHODS = ("canzona", "sync", "layerwise", "adamw")
 OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
 COSTS = ("numel", "flops", "measured")
 GROUPINGS = ("global", "slot", "single", "none")
-DP_COLLECTIVES = ("auto", "padded", "reduce_loop", "all_to_all")
+DP_COLLECTIVES = ("auto", "padded", "reduce_loop", "coalesced", "all_to_all")
 SYNC_VARIANTS = ("all_reduce", "zero1_gather")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -190,9 +190,9 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), base: dict[str, Any
     return validate(obj)
 
 
-def parse_cli(argv: list[str], flags: tuple[str, ...] = ()) -> tuple[TrialConfig, set[str]]:
-    """A trial command line: ``key=value`` overrides plus the allowed ``--flags``."""
-    args = split_argv(argv, flags=flags, shorthands=SHORTHANDS)
+def parse_cli(argv: list[str], flags: tuple[str, ...] = (), options: tuple[str, ...] = ()) -> tuple[TrialConfig, Arguments]:
+    """A trial command line: ``key=value`` overrides plus the allowed ``--flags`` / ``--options``."""
+    args = split_argv(argv, flags=flags, options=options, shorthands=SHORTHANDS)
     obj = build(_schema(), args.overrides)
     assert isinstance(obj, TrialConfig)
-    return validate(obj), args.flags
+    return validate(obj), args

@@ -72,7 +72,7 @@ def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
     world = cfg.world_size
     # forkserver: the server imports torch and megatron-core once (seconds), every rank of this
     # and later trials in the same process forks from it instead of importing them again.
-    mp.set_forkserver_preload(["canzona.executor.optimizer", "canzona.model.qwen3"])
+    mp.set_forkserver_preload(["canzona.executor.runtime", "canzona.model.qwen3"])
     ctx = mp.start_processes(
         _spawned_rank, args=(cfg.to_dict(), str(out), free_port(), world), nprocs=world, join=False,
         start_method="forkserver",
@@ -108,13 +108,14 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
     import torch
     import torch.distributed as dist
 
-    from canzona.executor.optimizer import DistributedOptimizer
+    from canzona.executor.runtime import Runtime
     from canzona.executor.timing import StepTimer
     from canzona.model.data import synthetic_batch
     from canzona.model.parallel import destroy_parallel, init_parallel
     from canzona.model.qwen3 import build_model, full_state_dict
     from canzona.plan.methods import make_plan
-    from canzona.plan.metrics import compute_metrics
+    from canzona.program.count import count_programs
+    from canzona.program.lower import lower
 
     cores = os.cpu_count() or 1
     torch.set_num_threads(cfg.dist.threads_per_rank or max(1, cores // max(1, local_world)))
@@ -122,10 +123,11 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
     ctx = init_parallel(cfg.parallel.tp, backend, cfg.dist.timeout_s)
     try:
         plan = make_plan(cfg)
-        metrics = compute_metrics(plan)
+        programs = lower(plan)
+        metrics = count_programs(plan, programs)
         mcfg = cfg.model_cfg()
         model = build_model(mcfg, device=ctx.device, seed=cfg.train.seed)
-        opt = DistributedOptimizer(model, plan, cfg, ctx)
+        runtime = Runtime(model, plan, programs[ctx.rank], cfg.optimizer, ctx)
         planned = float(metrics.compute[ctx.dp_rank, ctx.tp_rank])
         timer = StepTimer(ctx.device)
         rows: list[dict[str, Any]] = []
@@ -134,45 +136,40 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
                 mcfg, cfg.train.micro_batch, cfg.train.seq_len, cfg.train.seed, step, ctx.dp_rank, ctx.dp
             )
             tokens, labels = tokens.to(ctx.device), labels.to(ctx.device)
-            timer.reset()
-            opt.start_step()
-            with timer.phase("forward"):
-                loss = model(tokens, labels)
-            with timer.phase("backward"):
-                loss.backward()
-            with timer.phase("grad_reduce"):
-                opt.finish_grad_sync()
-            t0 = timer.now_ms()
             if cfg.train.fail_on_rank == ctx.rank and step == cfg.train.fail_at_step:
                 raise RuntimeError(f"injected failure on rank {ctx.rank} at step {step} (train.fail_on_rank)")
-            opt.step(timer)
-            optimizer_ms = timer.now_ms() - t0
-            with timer.phase("param_sync"):
-                opt.sync_params()
+            timer.reset()
+            loss = runtime.iteration(tokens, labels, timer)
             iteration_ms = timer.now_ms()
             global_loss = loss.detach().clone()
             dist.all_reduce(global_loss, group=ctx.dp_group)
             row = {
                 "step": step, "measured": step >= cfg.train.warmup, "rank": ctx.rank, "dp_rank": ctx.dp_rank,
-                "tp_rank": ctx.tp_rank, "iteration_ms": iteration_ms, "optimizer_step_ms": optimizer_ms,
+                "tp_rank": ctx.tp_rank, "iteration_ms": iteration_ms,
+                "optimizer_step_ms": runtime.marks["step_end"] - runtime.marks["step_start"],
                 "compute_load": planned, "loss": float(global_loss) / ctx.dp,
                 **{f"{p}_ms": timer.ms.get(p, 0.0) for p in PHASES},
+                "comm_bytes": runtime.bytes_by_tag(),
                 "events": timer.events,
             }
             rows.append(row)
+        runtime.finish(timer)
         peak_mb = _peak_memory_mb(ctx.device)
         if cfg.save_params:
             full = full_state_dict(model)
             if ctx.rank == 0:
                 _atomic_torch_save(full, Path(cfg.save_params))
-        owned = opt.owned_count.clone()
-        dist.all_reduce(owned)  # every matrix must be owned exactly once (checked by tests)
+        owned = sorted(runtime.computed)
         gathered: list[Any] = [None] * ctx.world
-        dist.all_gather_object(gathered, {"rows": rows, "peak_mb": peak_mb})
+        dist.all_gather_object(gathered, {"rows": rows, "peak_mb": peak_mb, "owned": owned})
         if ctx.rank != 0:
             return None
         all_rows = sorted((r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"]))
-        summary = _summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, owned)
+        counts = [0] * len(plan.params)
+        for g in gathered:
+            for i in g["owned"]:
+                counts[i] += 1
+        summary = _summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, counts)
         _write_records(cfg, out, all_rows, summary)
         return summary
     finally:

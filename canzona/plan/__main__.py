@@ -11,10 +11,12 @@ import sys
 from canzona.config import TrialConfig, parse_cli
 from canzona.errors import ConfigError
 from canzona.plan.methods import make_plan
-from canzona.plan.metrics import PlanMetrics, compute_metrics
 from canzona.plan.types import Plan
+from canzona.program.count import PlanMetrics, compute_metrics
+from canzona.program.lower import lower_rank
+from canzona.program.render import render_program
 
-USAGE = "usage: python -m canzona.plan [key=value ...] [--json]   (e.g. model=qwen3-8b parallel.dp=8 parallel.tp=2)"
+USAGE = "usage: python -m canzona.plan [key=value ...] [--json | --program RANK]   (e.g. model=qwen3-8b parallel.dp=8 parallel.tp=2)"
 
 
 def plan_json(plan: Plan, metrics: PlanMetrics) -> dict:
@@ -83,19 +85,35 @@ def render_table(cfg: TrialConfig, plan: Plan, m: PlanMetrics) -> str:
     return "\n".join(lines)
 
 
+def _program_rank(value: str | None, world: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        rank = int(value)
+    except ValueError:
+        rank = -1
+    if not 0 <= rank < world:
+        raise ConfigError(f"--program {value!r}: a rank from 0 to {world - 1} (world size {world})")
+    return rank
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         print(USAGE)
         return 0
     try:
-        cfg, flags = parse_cli(argv, flags=("--json",))
+        cfg, args = parse_cli(argv, flags=("--json",), options=("--program",))
         plan = make_plan(cfg)
+        rank = _program_rank(args.options.get("--program"), plan.dp * plan.tp)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if rank is not None:
+        print(render_program(plan, lower_rank(plan, rank)))
+        return 0
     metrics = compute_metrics(plan)
-    if "--json" in flags:
+    if "--json" in args.flags:
         print(json.dumps(plan_json(plan, metrics)))
     else:
         print(render_table(cfg, plan, metrics))

@@ -14,9 +14,10 @@ from canzona.config import TrialConfig
 from canzona.cost import make_cost_model
 from canzona.inventory import ParamSpec, build_inventory
 from canzona.plan import dp as dpmod
+from canzona.plan import loads
 from canzona.plan.buckets import BufferLayout, build_layout
 from canzona.plan.tp import MicroGroup, schedule
-from canzona.plan.types import Plan
+from canzona.plan.types import Execution, Plan
 
 
 def common_inputs(cfg: TrialConfig) -> tuple[list[ParamSpec], BufferLayout, dict[int, float], str]:
@@ -94,8 +95,6 @@ def plan_canzona(cfg: TrialConfig) -> Plan:
     composed with the TP schedule and scored by ``α·compute imbalance + (1-α)·widest shard``;
     the best wins (the atomic plan only when it is strictly better).
     """
-    from canzona.plan.metrics import compute_metrics
-
     params, layout, cost, cost_name = common_inputs(cfg)
     matrix_rule = matrix_rule_enabled(cfg)
     pipelined = matrix_rule and cfg.parallel.tp > 1
@@ -114,7 +113,7 @@ def plan_canzona(cfg: TrialConfig) -> Plan:
     candidates.append((dpmod.ranges_from_cuts(dpmod.atomic_cuts(layout)), None))  # last: wins ties never
 
     def score(plan: Plan) -> float:
-        return alpha * compute_metrics(plan, with_comm=False).compute_imbalance + (1 - alpha) * _widest_shard(plan)
+        return alpha * loads.compute_imbalance(plan) + (1 - alpha) * _widest_shard(plan)
 
     plans = [_canzona_from_ranges(cfg, base, r, h) for r, h in candidates]
     return min(plans, key=score)  # min keeps the first of equal scores
@@ -130,6 +129,5 @@ def _planners() -> dict[str, Callable[[TrialConfig], Plan]]:
 def make_plan(cfg: TrialConfig) -> Plan:
     """Plan one trial; the result is identical on every rank and process."""
     t0 = time.perf_counter()
-    plan = _planners()[cfg.method](cfg)
-    object.__setattr__(plan, "plan_seconds", time.perf_counter() - t0)
-    return plan
+    plan = replace(_planners()[cfg.method](cfg), execution=Execution.from_config(cfg))
+    return replace(plan, plan_seconds=time.perf_counter() - t0)

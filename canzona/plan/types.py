@@ -20,6 +20,20 @@ TpMode = Literal["pipeline", "duplicated", "local"]
 
 
 @dataclass(frozen=True)
+class Execution:
+    """The trial settings that shape how a plan runs (read by `canzona.program.lower` only), so
+    that a plan alone says everything needed to lower it to per-rank programs."""
+
+    dp_collective: str = "auto"  # uneven-shard DP collective: auto | padded | reduce_loop | coalesced | all_to_all
+    overlap_grad_reduce: bool = True  # bucket reductions issued from backward hooks
+    pipeline_depth: int = 2  # micro-groups of gathers in flight ahead of the one computing
+
+    @classmethod
+    def from_config(cls, cfg) -> Execution:
+        return cls(cfg.dist.dp_collective, cfg.dist.overlap_grad_reduce, cfg.canzona.pipeline_depth)
+
+
+@dataclass(frozen=True)
 class Plan:
     method: str
     params: tuple[ParamSpec, ...]
@@ -44,6 +58,7 @@ class Plan:
     # Per DP rank, the micro-groups its TP group runs (empty unless tp_mode == "pipeline").
     micro_groups: tuple[tuple[MicroGroup, ...], ...]
     plan_seconds: float = 0.0
+    execution: Execution = Execution()
 
     @property
     def dp(self) -> int:

@@ -169,6 +169,9 @@ class Profile:
         self.memory_Bps = float(comp.get("memory_bytes_per_s", 1e10))
         self.call_overhead_s = float(comp.get("call_overhead_s", 0.0))
         self.overlap = float(comp.get("overlap", 1.0))
+        # Whether calls issued as one coalesced group launch together (NCCL's group calls on
+        # GPUs); gloo on CPUs has no coalescing and runs them one after another.
+        self.coalesces = bool(comp.get("coalesces", self.device.get("kind", "cpu") != "cpu"))
         self.updates = {o: {k: float(v) for k, v in (t or {}).items()} for o, t in (data.get("updates") or {}).items()}
         self.batched = {o: dict(t or {}) for o, t in (data.get("batched") or {}).items()}
         self.update_overhead = {o: float(v) for o, v in (data.get("update_overhead_s") or {}).items()}

@@ -88,14 +88,15 @@ class Timeline:
 
     # ------------------------------------------------------------------ collectives
     def collective(self, ranks: Sequence[int], stream: str, seconds: float, label: str,
-                   transfer_s: float | None = None) -> Handle:
-        """Issue one collective over `ranks` (each at its current host time); returns its handle.
-        `transfer_s`: the part of `seconds` that keeps a CPU busy (default: all of it)."""
+                   transfer_s: float | None = None, issued: Sequence[float] | None = None) -> Handle:
+        """One collective over `ranks`, issued by each member at its current host time (or at
+        ``issued[k]`` for the k-th member); returns its handle. `transfer_s`: the part of
+        `seconds` that keeps a CPU busy (default: all of it)."""
         dur = seconds * self.scale
         busy = (seconds if transfer_s is None else transfer_s) * self.scale
         clocks = self.streams[stream]
-        cpu = self.cpu
-        start = max(max(cpu[r], clocks[r]) for r in ranks)
+        at = [self.cpu[r] for r in ranks] if issued is None else issued
+        start = max(max(a, clocks[r]) for a, r in zip(at, ranks))
         end = start + dur
         for r in ranks:
             clocks[r] = end

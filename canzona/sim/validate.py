@@ -33,9 +33,9 @@ from typing import Any
 import yaml
 
 from canzona.config import load_config
-from canzona.records import read_jsonl
+from canzona.records import PHASES, read_jsonl
 from canzona.sim.profile import Profile, load_profile
-from canzona.sim.simulate import PHASES, project
+from canzona.sim.simulate import project
 
 METRICS = ("optimizer_step_ms", "iteration_ms", "param_sync_ms", "grad_reduce_ms")
 HEADLINE = ("optimizer_step_ms", "iteration_ms")

@@ -16,8 +16,8 @@ from canzona.inventory import QWEN3, ParamSpec, build_inventory, model_config, t
 from canzona.plan import dp as dpmod
 from canzona.plan.buckets import build_layout
 from canzona.plan.methods import make_plan
-from canzona.plan.metrics import compute_metrics
 from canzona.plan.tp import schedule
+from canzona.program.count import compute_metrics
 
 METHODS = ["canzona", "sync", "layerwise", "adamw"]
 

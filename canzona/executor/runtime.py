@@ -1,0 +1,164 @@
+"""The executor: runs one rank's `Program` on real process groups, tensors and the model.
+
+It decides nothing: the program says what to issue, wait for, compute and apply, in which
+order. The runtime owns the flat buffers (`FlatBuffers`), the communicator (`Communicator`,
+which records what it hands to torch per action) and the optimizer state (`MatrixUpdates` for
+whole-matrix rules, `ElementwiseUpdates` for AdamW ranges), and books each action's time to the
+phase the program names (`StepTimer`).
+
+Data flows between actions by tag: a gather's result (full matrices) feeds a `Compute` whose
+``source`` names it, a `Compute`'s updates feed a scatter or an `Apply`, a scatter's received
+shards feed an `Apply`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from canzona.executor.buffer import FlatBuffers
+from canzona.executor.comm import Communicator, Pending, Recorder
+from canzona.optim.owner import ElementwiseUpdates, MatrixUpdates
+from canzona.program.actions import (
+    COMM_TYPES,
+    Apply,
+    Backward,
+    Compute,
+    Elementwise,
+    Forward,
+    Mark,
+    Program,
+    Wait,
+)
+
+
+class Runtime:
+    def __init__(self, model: nn.Module, plan, program: Program, optimizer_cfg, ctx):
+        if (plan.dp, plan.tp) != (ctx.dp, ctx.tp) or (program.dp_rank, program.tp_rank) != (ctx.dp_rank, ctx.tp_rank):
+            raise ValueError(
+                f"program of rank (dp {program.dp_rank}, tp {program.tp_rank}) of a dp={plan.dp} tp={plan.tp} plan "
+                f"cannot run on rank (dp {ctx.dp_rank}, tp {ctx.tp_rank}) of dp={ctx.dp} tp={ctx.tp}"
+            )
+        self.model, self.plan, self.program = model, plan, program
+        self.buffers = FlatBuffers(model, plan.layout, ctx.device)
+        self.recorder = Recorder()
+        self.comm = Communicator(ctx.dp_group, ctx.tp_group, ctx.device, self.recorder)
+        self.matrices = MatrixUpdates(plan.params, optimizer_cfg)
+        self.elementwise = ElementwiseUpdates(optimizer_cfg)
+        self.tp_dims = {i: p.tp_dim for i, p in enumerate(plan.params) if p.tp_dim is not None}
+        self.steps = 0
+        self.pending: dict[str, Pending] = {}
+        self.results: dict[str, Any] = {}
+        self.computed: set[int] = set()  # matrices whose full update this rank computed
+        self.marks: dict[str, float] = {}
+        self.loss: torch.Tensor | None = None
+        self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._timer = None
+        backward = next((a for a in program.actions if isinstance(a, Backward)), None)
+        self._backward_index = program.actions.index(backward) if backward is not None else -1
+        self._hooks = {h.bucket: h.issue for h in backward.hooks} if backward is not None else {}
+        partial = {i for i, _ in backward.tp_partial} if backward is not None else set()
+        self.buffers.install_hooks(
+            self._bucket_ready if self._hooks else None,
+            (lambda i, g: self.comm.tp_partial_reduce(g) if i in partial else None) if partial else None,
+        )
+
+    # ------------------------------------------------------------------ running
+    def iteration(self, tokens: torch.Tensor, labels: torch.Tensor, timer) -> torch.Tensor:
+        """One training iteration; returns this rank's loss."""
+        self._batch = (tokens, labels)
+        self.run(self.program.actions, timer)
+        assert self.loss is not None
+        return self.loss
+
+    def run(self, actions, timer) -> None:
+        self._timer = timer
+        for a in actions:
+            self._do(a, timer)
+
+    def load_grads(self, local_grads: list[torch.Tensor], timer) -> None:
+        """Run one step from given TP-local gradients instead of forward/backward (parity tests):
+        the gradients land in the buffer, every bucket hook fires, the rest of the program runs."""
+        self._start()
+        for i, g in enumerate(local_grads):
+            self.buffers.grad_view(i).copy_(g)
+        self._timer = timer
+        self.buffers.mark_all_ready()
+        self.run(self.program.actions[self._backward_index + 1 :], timer)
+
+    def finish(self, timer) -> None:
+        """Complete whatever the program leaves in flight after its last iteration."""
+        self.run(self.program.drain, timer)
+
+    def bytes_by_tag(self) -> dict[str, list[int]]:
+        """Per action tag: [input bytes, output bytes, calls] handed to torch.distributed."""
+        return self.recorder.bytes_by_tag()
+
+    # ------------------------------------------------------------------ actions
+    def _start(self) -> None:
+        self.buffers.start_step()
+        self.recorder.reset()
+        self.results = {}
+
+    def _bucket_ready(self, b: int) -> None:
+        for comm in self._hooks[b]:
+            self._issue(comm)
+
+    def _issue(self, a) -> None:
+        if a.tag in self.pending:
+            raise RuntimeError(f"action {a.tag!r} issued twice before its wait")
+        buf = self.buffers
+        self.pending[a.tag] = self.comm.issue(
+            a, buf.param_buf, buf.grad_buf, self.results, buf.grad_view, buf.param_view, self.tp_dims
+        )
+
+    @torch.no_grad()
+    def _step_action(self, a, timer) -> None:
+        buf = self.buffers
+        if isinstance(a, Compute):
+            with timer.phase(a.phase, a.tag):
+                gathered = self.results.get(a.source, {}) if a.source else {}
+                fulls = [gathered[i] if i in gathered else buf.grad_view(i) for i in a.items]
+                self.results[a.tag] = dict(zip(a.items, self.matrices.directions(list(a.items), fulls, self.steps)))
+                self.computed.update(a.items)
+        elif isinstance(a, Apply):
+            with timer.phase(a.phase, a.tag):
+                updates = self.results.get(a.source, {})
+                cut = set(a.slice_tp)
+                for i in a.items:
+                    u = updates[i]
+                    if i in cut:
+                        u = u.chunk(self.plan.tp, dim=self.tp_dims[i])[self.program.tp_rank]
+                    self.matrices.apply(buf.param_view(i), u)
+        elif isinstance(a, Elementwise):
+            with timer.phase(a.phase, a.tag):
+                keys = list(a.ranges)
+                self.elementwise.step(keys, [buf.param_buf[s:e] for s, e in keys],
+                                      [buf.grad_buf[s:e] for s, e in keys], self.steps)
+
+    def _do(self, a, timer) -> None:
+        if isinstance(a, Forward):
+            self._start()
+            tokens, labels = self._batch
+            with timer.phase(a.phase):
+                self.loss = self.model(tokens, labels)
+        elif isinstance(a, Backward):
+            with timer.phase(a.phase):
+                self.loss.backward()
+            self.buffers.check_complete()
+        elif isinstance(a, COMM_TYPES):
+            with timer.phase(a.phase, a.tag):
+                self._issue(a)
+        elif isinstance(a, Wait):
+            with timer.phase(a.phase, a.label or None):
+                for tag in a.tags:
+                    pend = self.pending.pop(tag)
+                    self.results[tag] = pend.wait()
+        elif isinstance(a, Mark):
+            if a.name == "step_start":
+                self.steps += 1
+            self.marks[a.name] = timer.now_ms()
+        else:
+            self._step_action(a, timer)
