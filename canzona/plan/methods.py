@@ -91,9 +91,11 @@ def plan_canzona(cfg: TrialConfig) -> Plan:
     Candidate DP plans: the atomic plan (the paper's fallback), the α-blended per-bucket plan
     (``canzona.dp_variant``: exact ``minmax`` or the paper's ``snap``) and, for α = 1, a joint
     LPT over DP×TP bins that keeps each rank's part of a bucket contiguous. Each candidate is
-    composed with the TP schedule and scored by ``α·compute imbalance + (1-α)·widest shard``;
-    the best wins (the atomic plan only when it is strictly better).
+    composed with the TP schedule and scored by ``α·critical-path imbalance + (1-α)·widest
+    shard`` (the critical path counts each micro-group at its slowest TP rank; without TP it is
+    the compute imbalance); the best wins (the atomic plan only when it is strictly better).
     """
+    from canzona.plan.critical_path import critical_path
     from canzona.plan.metrics import compute_metrics
 
     params, layout, cost, cost_name = common_inputs(cfg)
@@ -114,7 +116,8 @@ def plan_canzona(cfg: TrialConfig) -> Plan:
     candidates.append((dpmod.ranges_from_cuts(dpmod.atomic_cuts(layout)), None))  # last: wins ties never
 
     def score(plan: Plan) -> float:
-        return alpha * compute_metrics(plan, with_comm=False).compute_imbalance + (1 - alpha) * _widest_shard(plan)
+        path = critical_path(plan, compute_metrics(plan, with_comm=False).compute).imbalance
+        return alpha * path + (1 - alpha) * _widest_shard(plan)
 
     plans = [_canzona_from_ranges(cfg, base, r, h) for r, h in candidates]
     return min(plans, key=score)  # min keeps the first of equal scores
