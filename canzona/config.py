@@ -16,11 +16,11 @@ from omegaconf import OmegaConf
 from canzona.errors import ConfigError
 from canzona.inventory import ModelConfig, check_tp, model_config
 from canzona.overrides import Arguments, build, split_argv
+from canzona.plan.methods import METHODS
 
-METHODS = ("canzona", "sync", "layerwise", "adamw")
 OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
 COSTS = ("numel", "flops", "measured")
-GROUPINGS = ("global", "slot", "single", "none")
+GROUPINGS = ("rounds", "global", "slot", "single", "none")
 DP_COLLECTIVES = ("auto", "padded", "reduce_loop", "coalesced", "all_to_all")
 SYNC_VARIANTS = ("all_reduce", "zero1_gather")
 DEVICES = ("auto", "cpu", "cuda")
@@ -45,7 +45,7 @@ class ParallelSection:
 class CanzonaSection:
     alpha: float = 1.0
     cost: str = "flops"
-    grouping: str = "global"
+    grouping: str = "rounds"
     # Micro-group capacity: the most a group may put on one TP rank, as a fraction of the
     # per-rank ideal load (the TP group's total / tp). Cost-model independent; 0.125 gives
     # about 8 micro-groups per step.

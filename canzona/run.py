@@ -170,10 +170,20 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
             for i in g["owned"]:
                 counts[i] += 1
         summary = _summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, counts)
+        summary["program_check"] = _program_check(programs, all_rows)
         _write_records(cfg, out, all_rows, summary)
         return summary
     finally:
         destroy_parallel()
+
+
+def _program_check(programs, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Did every rank's executor hand torch.distributed exactly the bytes its program lists, in
+    every step? (``comm_bytes`` of steps.jsonl against `canzona.program.check.expected_bytes`.)"""
+    from canzona.program.check import compare_recorded
+
+    problems = [f"step {r['step']}: {p}" for r in rows for p in compare_recorded(programs[r["rank"]], r["comm_bytes"])]
+    return {"rows_checked": len(rows), "mismatches": problems[:20], "ok": not problems}
 
 
 def _peak_memory_mb(device) -> float:
@@ -203,6 +213,8 @@ def _quantiles(values: list[float]) -> tuple[float, float, float]:
 def _summarise(cfg, plan, metrics, rows, peak_mb, ctx, owned) -> dict[str, Any]:
     import torch
 
+    from canzona.plan.summary import plan_record
+
     measured = [r for r in rows if r["measured"]]
     by_step: dict[int, list[dict[str, Any]]] = {}
     for r in measured:
@@ -218,9 +230,7 @@ def _summarise(cfg, plan, metrics, rows, peak_mb, ctx, owned) -> dict[str, Any]:
             "peak_memory_mb": peak_mb,
             "world": {"world_size": ctx.world, "dp": ctx.dp, "tp": ctx.tp, "backend": ctx.backend,
                       "device": str(ctx.device.type)},
-            "plan": {"imbalance": metrics.imbalance(), "ranks": metrics.ranks(), "plan_seconds": plan.plan_seconds,
-                     "cost_model": plan.cost_model, "collectives_per_step": metrics.collectives,
-                     "micro_groups": [len(g) for g in plan.micro_groups]},
+            "plan": plan_record(plan, metrics),
             "matrix_owner_counts": {"min": min(matrix_owned, default=0), "max": max(matrix_owned, default=0)},
             "final_loss": measured[-1]["loss"] if measured else None,
             "versions": _versions(),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from canzona.plan.critical_path import lower_bound
 from canzona.program.actions import DTYPE_BYTES, Compute, Elementwise, Program
 
 
@@ -93,18 +94,6 @@ def count_program(plan, program: Program, slots: _Slots | None = None) -> tuple[
     return compute, numel, sent, recv, len(calls)
 
 
-def _lower_bound(plan, ideal: float) -> float:
-    """max(1, largest indivisible item ÷ ideal): a full matrix update, or an elementwise param
-    the plan keeps whole on one DP rank (split over TP only)."""
-    largest = 0.0
-    for i, p in enumerate(plan.params):
-        if plan.uses_matrix_rule(i):
-            largest = max(largest, plan.cost[i])
-        elif plan.dp_owner[i] is not None:
-            largest = max(largest, plan.cost[i] / (plan.tp if p.tp_dim is not None else 1))
-    return max(1.0, largest / ideal) if ideal > 0 else 1.0
-
-
 def count_programs(plan, programs: Sequence[Program]) -> PlanMetrics:
     dp, tp = plan.dp, plan.tp
     compute = np.zeros((dp, tp))
@@ -126,7 +115,7 @@ def count_programs(plan, programs: Sequence[Program]) -> PlanMetrics:
         numel=numel,
         compute_imbalance=float(compute.max() / ideal) if ideal else 1.0,
         memory_imbalance=float(numel.max() / (total_numel / ranks)),
-        lower_bound=_lower_bound(plan, ideal),
+        lower_bound=lower_bound(plan),
         send_bytes=send,
         recv_bytes=recv,
         collectives=calls,

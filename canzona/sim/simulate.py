@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from canzona.config import TrialConfig
+from canzona.plan.summary import plan_record
 from canzona.plan.types import Plan
 from canzona.program.count import count_programs
 from canzona.program.lower import lower
@@ -151,9 +152,7 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
         "steps": rows,
         "world": {"world_size": world, "dp": sim.dp, "tp": sim.tp, "backend": "simulated",
                   "device": prof.device.get("kind"), "device_name": prof.device.get("name")},
-        "plan": {"imbalance": metrics.imbalance(), "cost_model": plan_.cost_model,
-                 "micro_groups": [len(g) for g in plan_.micro_groups], "plan_seconds": plan_.plan_seconds,
-                 "buckets": len(plan_.layout.buckets)},
+        "plan": plan_record(plan_, metrics),
         "config": cfg.to_dict(),
     }
     for key in ("iteration_ms", "optimizer_step_ms", "param_sync_ms", "grad_reduce_ms"):
