@@ -24,6 +24,7 @@ GROUPINGS = ("rounds", "global", "slot", "single", "none")
 DP_COLLECTIVES = ("auto", "padded", "reduce_loop", "coalesced", "all_to_all")
 SYNC_VARIANTS = ("all_reduce", "zero1_gather")
 DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "bf16", "fp32")
 
 
 @dataclass
@@ -62,6 +63,8 @@ class CanzonaSection:
 class OptimizerSection:
     name: str = "muon"
     lr: float = 0.02
+    # Gradient-norm clipping inside the optimizer step (Megatron's --clip-grad, default 1.0); 0: off.
+    clip_grad: float = 1.0
     weight_decay: float = 0.01
     momentum: float = 0.95
     nesterov: bool = True
@@ -90,12 +93,21 @@ class DistSection:
     dp_collective: str = "auto"
     sync_variant: str = "all_reduce"
     overlap_grad_reduce: bool = True
+    # Parameter all-gather after the step overlapped with the next forward (Megatron's
+    # --overlap-param-gather): each bucket waited for in the forward pre-hook of the first
+    # module that uses it. Only methods that gather parameters are affected.
+    overlap_param_gather: bool = True
     timeout_s: float = 300.0
     threads_per_rank: int | None = None
 
 
 @dataclass
 class TrainSection:
+    # Model parameters and activations: bf16 (fp32 main parameters and fp32 gradients in the
+    # optimizer, as Megatron's --bf16), fp32, or auto: bf16 on CUDA, and on CPUs with native bf16
+    # dot products (AVX512-BF16 / AMX), else fp32 (emulated bf16 matmuls would make forward and
+    # backward slower than fp32 and distort every ratio against the optimizer step).
+    dtype: str = "auto"
     steps: int = 5
     warmup: int = 2
     seed: int = 1234
@@ -152,6 +164,9 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     _choice("dist.dp_collective", cfg.dist.dp_collective, DP_COLLECTIVES)
     _choice("dist.sync_variant", cfg.dist.sync_variant, SYNC_VARIANTS)
     _choice("dist.device", cfg.dist.device, DEVICES)
+    _choice("train.dtype", cfg.train.dtype, DTYPES)
+    if cfg.optimizer.clip_grad < 0:
+        raise ConfigError(f"optimizer.clip_grad={cfg.optimizer.clip_grad} must be >= 0 (0 turns clipping off)")
     if not 0.0 <= cfg.canzona.alpha <= 1.0:
         raise ConfigError(f"canzona.alpha={cfg.canzona.alpha} must be in [0, 1]")
     if not 0.0 < cfg.canzona.capacity <= 1.0:
@@ -196,3 +211,35 @@ def parse_cli(argv: list[str], flags: tuple[str, ...] = (), options: tuple[str, 
     obj = build(_schema(), args.overrides)
     assert isinstance(obj, TrialConfig)
     return validate(obj), args
+
+
+def cpu_has_bf16() -> bool:
+    """Does this CPU compute bf16 dot products natively (AVX512-BF16 or AMX)?"""
+    import torch
+
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool((probe and probe()) or (amx and amx()))
+
+
+def resolve_dtype(requested: str, device_kind: str, cpu_bf16: bool | None = None) -> tuple[str, str]:
+    """(``"bfloat16"`` or ``"float32"``, why) for ``train.dtype`` on a device of ``device_kind``."""
+    if requested == "bf16":
+        return "bfloat16", "train.dtype=bf16"
+    if requested == "fp32":
+        return "float32", "train.dtype=fp32"
+    if device_kind == "cuda":
+        return "bfloat16", "train.dtype=auto on CUDA: bf16 as Megatron's --bf16"
+    if cpu_has_bf16() if cpu_bf16 is None else cpu_bf16:
+        return "bfloat16", "train.dtype=auto on a CPU with native bf16 dot products: bf16"
+    return "float32", "train.dtype=auto on a CPU without native bf16: fp32 (emulated bf16 would distort the ratios)"
+
+
+def trial_device(cfg: TrialConfig) -> str:
+    """The device kind a trial of ``cfg`` runs on here: ``dist.device``, or for auto CUDA when
+    a GPU is visible."""
+    if cfg.dist.device != "auto":
+        return cfg.dist.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -122,11 +122,12 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
     device_kind, backend = _device_and_backend(cfg)
     ctx = init_parallel(cfg.parallel.tp, backend, cfg.dist.timeout_s)
     try:
-        plan = make_plan(cfg)
+        plan = make_plan(cfg, device=device_kind)
         programs = lower(plan)
         metrics = count_programs(plan, programs)
         mcfg = cfg.model_cfg()
-        model = build_model(mcfg, device=ctx.device, seed=cfg.train.seed)
+        dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
+        model = build_model(mcfg, device=ctx.device, seed=cfg.train.seed, dtype=dtype)
         runtime = Runtime(model, plan, programs[ctx.rank], cfg.optimizer, ctx)
         planned = float(metrics.compute[ctx.dp_rank, ctx.tp_rank])
         timer = StepTimer(ctx.device)

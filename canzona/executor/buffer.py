@@ -1,7 +1,8 @@
 """Flat parameter and gradient buffers with the planner's bucket layout.
 
-Every TP-local parameter becomes a view into one flat parameter buffer (so a DP all-gather
-writes straight into the model's weights) and gets a slot in a flat fp32 gradient buffer. A
+Every TP-local parameter becomes a view into one flat parameter buffer of the model's dtype (so
+a DP all-gather writes straight into the model's weights) and gets a slot in a flat fp32
+gradient buffer (Megatron accumulates and reduces gradients in fp32 under bf16 too). A
 post-accumulate-grad hook moves each gradient into its slot as backward produces it; once every
 param of a bucket has its gradient -- and every earlier bucket is already out, so that all ranks
 issue the same collectives in the same order -- ``on_bucket_ready(b)`` is called (the runtime
@@ -20,14 +21,15 @@ from canzona.plan.buckets import BufferLayout, ParamSlot
 
 
 class FlatBuffers:
-    def __init__(self, model: nn.Module, layout: BufferLayout, device: torch.device):
+    def __init__(self, model: nn.Module, layout: BufferLayout, device: torch.device,
+                 param_dtype: torch.dtype = torch.float32):
         self.layout = layout
         self.params = [p for _, p in model.named_parameters()]
         n_slots = sum(len(b.params) for b in layout.buckets)
         if len(self.params) != n_slots:
             raise ValueError(f"the model has {len(self.params)} parameters, the plan's layout {n_slots}")
-        self.param_buf = torch.zeros(layout.numel, dtype=torch.float32, device=device)
-        self.grad_buf = torch.zeros_like(self.param_buf)
+        self.param_buf = torch.zeros(layout.numel, dtype=param_dtype, device=device)
+        self.grad_buf = torch.zeros(layout.numel, dtype=torch.float32, device=device)
         self.slots: dict[int, ParamSlot] = {}
         self.bucket_of: dict[int, int] = {}
         for bucket in layout.buckets:

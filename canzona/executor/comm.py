@@ -28,6 +28,7 @@ from canzona.program.actions import (
     BucketReduce,
     Call,
     Comm,
+    NormReduce,
     OwnedParamsGather,
     TpAllGather,
     TpGather,
@@ -83,7 +84,7 @@ class Communicator:
 
     def __init__(self, dp_group: dist.ProcessGroup, tp_group: dist.ProcessGroup, device: torch.device,
                  recorder: Recorder | None = None):
-        self.groups = {"dp": dp_group, "tp": tp_group}
+        self.groups = {"dp": dp_group, "tp": tp_group, "world": None}  # None: the default (world) group
         self.device = device
         self.recorder = recorder or Recorder()
 
@@ -143,6 +144,9 @@ class Communicator:
             return self._tp_scatter(a, results.get(a.source, {}), grad_of, tp_dims)
         if isinstance(a, TpAllGather):
             return self._tp_all_gather(a, grad_of, tp_dims)
+        if isinstance(a, NormReduce):
+            total = results[a.source].clone()
+            return Pending([self._all_reduce(a.tag, a.axis, total)], lambda: total, (total,))
         raise TypeError(f"not a communication action: {a!r}")
 
     def _bucket_reduce(self, a: BucketReduce, buf: torch.Tensor) -> Pending:
@@ -287,7 +291,7 @@ class Communicator:
         by_owner = [[i for i, o in zip(a.items, a.owners) if o == r] for r in range(tp)]
         out_splits = [sum(grad_of(i).numel() for i in by_owner[r]) for r in range(tp)]
         mine = out_splits[me]
-        recv = torch.empty(sum(out_splits), dtype=torch.float32, device=device)
+        recv = torch.empty(sum(out_splits), dtype=send.dtype if parts else torch.float32, device=device)
         work = self._all_to_all(a.tag, "tp", recv, send, out_splits, [mine] * tp, me)
 
         def unpack() -> dict[int, torch.Tensor]:

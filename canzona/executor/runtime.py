@@ -9,10 +9,20 @@ phase the program names (`StepTimer`).
 Data flows between actions by tag: a gather's result (full matrices) feeds a `Compute` whose
 ``source`` names it, a `Compute`'s updates feed a scatter or an `Apply`, a scatter's received
 shards feed an `Apply`.
+
+bf16: the model's parameters (and the flat parameter buffer the DP all-gather fills) are bf16;
+the optimizer updates fp32 main parameters held for the program's ``main_ranges`` only and
+copies them into the model at the end of the step (`CopyToModel`). In fp32 the model's
+parameters are the main parameters.
+
+Overlapped parameter gather: the gathers the step issues stay in flight; `Forward` lists, per
+gather, the first parameter that needs it, and a forward pre-hook on that parameter's module
+waits for it (booked as ``param_sync``, the exposed part).
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import torch
@@ -20,18 +30,24 @@ from torch import nn
 
 from canzona.executor.buffer import FlatBuffers
 from canzona.executor.comm import Communicator, Pending, Recorder
+from canzona.optim.clip import clip_coefficient, sum_of_squares
 from canzona.optim.owner import ElementwiseUpdates, MatrixUpdates
 from canzona.program.actions import (
     COMM_TYPES,
     Apply,
     Backward,
+    ClipScale,
     Compute,
+    CopyToModel,
     Elementwise,
     Forward,
+    GradNorm,
     Mark,
     Program,
     Wait,
 )
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class Runtime:
@@ -42,7 +58,10 @@ class Runtime:
                 f"cannot run on rank (dp {ctx.dp_rank}, tp {ctx.tp_rank}) of dp={ctx.dp} tp={ctx.tp}"
             )
         self.model, self.plan, self.program = model, plan, program
-        self.buffers = FlatBuffers(model, plan.layout, ctx.device)
+        self.buffers = FlatBuffers(model, plan.layout, ctx.device, _TORCH_DTYPES[program.param_dtype])
+        # fp32 main parameters (bf16 training): one tensor per main range, from the model's values
+        self._main_starts = [a for a, _ in program.main_ranges]
+        self._main = [self.buffers.param_buf[a:b].float() for a, b in program.main_ranges]
         self.recorder = Recorder()
         self.comm = Communicator(ctx.dp_group, ctx.tp_group, ctx.device, self.recorder)
         self.matrices = MatrixUpdates(plan.params, optimizer_cfg)
@@ -64,6 +83,34 @@ class Runtime:
             self._bucket_ready if self._hooks else None,
             (lambda i, g: self.comm.tp_partial_reduce(g) if i in partial else None) if partial else None,
         )
+        forward = program.actions[0] if program.actions and isinstance(program.actions[0], Forward) else None
+        self._install_gather_waits(forward.waits if forward is not None else ())
+
+    def _install_gather_waits(self, waits) -> None:
+        """A forward pre-hook on the module owning each listed param waits for its gather and
+        dispatches the next one (Megatron's overlapped parameter gather)."""
+        if not waits:
+            return
+        owner = {}
+        index = {id(p): i for i, p in enumerate(self.buffers.params)}
+        for module in self.model.modules():
+            for p in module.parameters(recurse=False):
+                owner.setdefault(index[id(p)], module)
+        for w in waits:
+            def pre_hook(_module, _args, w=w) -> None:
+                with self._timer.phase("param_sync", f"wait {w.tag}"):
+                    self._gather_wait(w)
+
+            owner[w.param].register_forward_pre_hook(pre_hook)
+        for a in self.program.prologue:  # as if a previous step had ended
+            self._issue(a)
+
+    def _gather_wait(self, w) -> None:
+        pend = self.pending.pop(w.tag, None)
+        if pend is not None:
+            pend.wait()
+        if w.then is not None:
+            self._issue(w.then)
 
     # ------------------------------------------------------------------ running
     def iteration(self, tokens: torch.Tensor, labels: torch.Tensor, timer) -> torch.Tensor:
@@ -80,8 +127,12 @@ class Runtime:
 
     def load_grads(self, local_grads: list[torch.Tensor], timer) -> None:
         """Run one step from given TP-local gradients instead of forward/backward (parity tests):
-        the gradients land in the buffer, every bucket hook fires, the rest of the program runs."""
+        the gradients land in the buffer, every bucket hook fires, the rest of the program runs.
+        Parameter gathers the last step left in flight are completed first, as forward would."""
+        first = self.program.actions[0] if self.program.actions else None
         self._start()
+        for w in first.waits if isinstance(first, Forward) else ():
+            self._gather_wait(w)
         for i, g in enumerate(local_grads):
             self.buffers.grad_view(i).copy_(g)
         self._timer = timer
@@ -95,6 +146,22 @@ class Runtime:
     def bytes_by_tag(self) -> dict[str, list[int]]:
         """Per action tag: [input bytes, output bytes, calls] handed to torch.distributed."""
         return self.recorder.bytes_by_tag()
+
+    # ------------------------------------------------------------------ main parameters
+    def main_slice(self, lo: int, hi: int) -> torch.Tensor:
+        """The parameters this rank updates over buffer range [lo, hi): fp32 main parameters
+        in bf16 training, the model's own parameters in fp32."""
+        if not self._main:
+            return self.buffers.param_buf[lo:hi]
+        k = bisect.bisect_right(self._main_starts, lo) - 1
+        start, end = self.program.main_ranges[max(k, 0)]
+        if k < 0 or hi > end:
+            raise RuntimeError(f"buffer range [{lo}, {hi}) is not in this rank's main parameters")
+        return self._main[k][lo - start : hi - start]
+
+    def main_view(self, index: int) -> torch.Tensor:
+        s = self.buffers.slots[index]
+        return self.main_slice(s.start, s.end).view(self.buffers.params[index].shape)
 
     # ------------------------------------------------------------------ actions
     def _start(self) -> None:
@@ -131,12 +198,28 @@ class Runtime:
                     u = updates[i]
                     if i in cut:
                         u = u.chunk(self.plan.tp, dim=self.tp_dims[i])[self.program.tp_rank]
-                    self.matrices.apply(buf.param_view(i), u)
+                    self.matrices.apply(self.main_view(i), u)
         elif isinstance(a, Elementwise):
             with timer.phase(a.phase, a.tag):
                 keys = list(a.ranges)
-                self.elementwise.step(keys, [buf.param_buf[s:e] for s, e in keys],
+                self.elementwise.step(keys, [self.main_slice(s, e) for s, e in keys],
                                       [buf.grad_buf[s:e] for s, e in keys], self.steps)
+        elif isinstance(a, GradNorm):
+            with timer.phase(a.phase, a.tag):
+                self.results[a.tag] = sum_of_squares(buf.grad_buf[s:e] for s, e in a.ranges)
+        elif isinstance(a, ClipScale):
+            with timer.phase(a.phase, a.tag):
+                coef = clip_coefficient(float(self.results[a.norm]), a.max_norm)
+                if coef is not None:
+                    for s, e in a.ranges:
+                        buf.grad_buf[s:e].mul_(coef)
+                self.results[a.tag] = coef
+        elif isinstance(a, CopyToModel):
+            with timer.phase(a.phase, a.tag):
+                for (s, e), main in zip(self.program.main_ranges, self._main):
+                    buf.param_buf[s:e].copy_(main)
+        else:
+            raise TypeError(f"the runtime cannot run {type(a).__name__}")
 
     def _do(self, a, timer) -> None:
         if isinstance(a, Forward):

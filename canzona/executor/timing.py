@@ -24,6 +24,7 @@ class StepTimer:
     def reset(self) -> None:
         self.ms: dict[str, float] = defaultdict(float)
         self.events: list[dict[str, float | str]] = []
+        self._children: list[float] = []  # time of nested phases, per open phase
         self._sync()
         self.t0 = time.perf_counter()
 
@@ -36,13 +37,19 @@ class StepTimer:
 
     @contextmanager
     def phase(self, name: str, label: str | None = None) -> Iterator[None]:
-        """Time a block as `name`; `label` names the timeline event (e.g. "gather g3")."""
+        """Time a block as `name`; `label` names the timeline event (e.g. "gather g3"). A phase
+        opened inside another (a parameter-gather wait in a forward pre-hook) is booked to its
+        own name and not to the enclosing one."""
         self._sync()
         start = self.now_ms()
+        self._children.append(0.0)
         try:
             yield
         finally:
             self._sync()
             dur = self.now_ms() - start
-            self.ms[name] += dur
+            nested = self._children.pop()
+            if self._children:
+                self._children[-1] += dur
+            self.ms[name] += dur - nested
             self.events.append({"name": label or name, "cat": CATEGORY.get(name, name), "start_ms": start, "dur_ms": dur})

@@ -14,6 +14,7 @@ import torch
 from canzona.config import OptimizerSection
 from canzona.inventory import ParamSpec, SubMatrix
 from canzona.optim.base import UpdateRule, apply_update, learning_rate, make_rule
+from canzona.optim.clip import clip_coefficient, sum_of_squares
 
 
 def _rows(sub: SubMatrix) -> list[int]:
@@ -101,6 +102,7 @@ class ReferenceOptimizer:
 
     def __init__(self, specs: list[ParamSpec], opt: OptimizerSection, matrix_rule: bool = True):
         self.specs = specs
+        self.opt = opt
         self.matrix_rule = matrix_rule and opt.name != "adamw"
         self.matrices = MatrixUpdates(specs, opt)
         self.elementwise = ElementwiseUpdates(opt)
@@ -109,6 +111,9 @@ class ReferenceOptimizer:
     @torch.no_grad()
     def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
         self.steps += 1
+        coef = clip_coefficient(float(sum_of_squares(grads[s.name] for s in self.specs)), self.opt.clip_grad)
+        if coef is not None:
+            grads = {n: g * coef for n, g in grads.items()}
         mat = [i for i, s in enumerate(self.specs) if self.matrix_rule and s.kind == "matrix"]
         ew = [i for i, s in enumerate(self.specs) if i not in set(mat)]
         dirs = self.matrices.directions(mat, [grads[self.specs[i].name] for i in mat], self.steps)

@@ -20,8 +20,12 @@ _MODULES = (method_canzona, sync, layerwise, method_adamw)
 METHODS: dict[str, object] = {m.NAME: m for m in _MODULES}
 
 
-def make_plan(cfg: TrialConfig) -> Plan:
-    """Plan one trial; the result is identical on every rank and process."""
+def make_plan(cfg: TrialConfig, device: str | None = None) -> Plan:
+    """Plan one trial for a device kind (``cpu``/``cuda``; default: what ``dist.device`` means
+    on this machine); the result is identical on every rank and process."""
+    from canzona.config import trial_device
+
     t0 = time.perf_counter()
-    plan = replace(METHODS[cfg.method].plan(cfg), execution=Execution.from_config(cfg))
+    ex = Execution.from_config(cfg, device or trial_device(cfg))
+    plan = replace(METHODS[cfg.method].plan(cfg), execution=ex)
     return replace(plan, plan_seconds=time.perf_counter() - t0)

@@ -296,8 +296,24 @@ class TpAllGather:
         return self.tp * sum(self.shard)  # concatenating the shards along the TP dim
 
 
-Comm = BucketReduce | BucketGather | OwnedParamsGather | TpGather | TpScatter | TpAllGather
-COMM_TYPES = (BucketReduce, BucketGather, OwnedParamsGather, TpGather, TpScatter, TpAllGather)
+@dataclass(frozen=True)
+class NormReduce:
+    """Gradient clipping: the sum of squares of the gradient over ``axis`` (one float64)."""
+
+    tag: str
+    axis: Axis
+    source: str = "grad norm"  # the `GradNorm` whose local sum is reduced
+    phase: str = "clip_grad"
+
+    def calls(self) -> tuple[Call, ...]:
+        return (Call("all_reduce", self.axis, 1, 1, "float64"),)
+
+    pack_elems = 0
+    finish_elems = 0
+
+
+Comm = BucketReduce | BucketGather | OwnedParamsGather | TpGather | TpScatter | TpAllGather | NormReduce
+COMM_TYPES = (BucketReduce, BucketGather, OwnedParamsGather, TpGather, TpScatter, TpAllGather, NormReduce)
 
 
 # ----------------------------------------------------------------------------- host work
@@ -336,6 +352,39 @@ class Elementwise:
 
 
 @dataclass(frozen=True)
+class GradNorm:
+    """Gradient clipping: the float64 sum of squares of the gradient buffer over ``ranges`` (the
+    elements this rank counts, so that across ranks every gradient element counts once)."""
+
+    tag: str
+    ranges: Ranges
+    phase: str = "clip_grad"
+
+
+@dataclass(frozen=True)
+class ClipScale:
+    """Gradient clipping: from the global sum of squares (``norm``: a `NormReduce` or, alone, a
+    `GradNorm` tag) the coefficient max_norm / (norm + 1e-6); when below 1 the gradient ranges
+    this rank reads in its step are scaled by it (Megatron's clip_grad_norm)."""
+
+    tag: str
+    norm: str
+    max_norm: float
+    ranges: Ranges
+    phase: str = "clip_grad"
+
+
+@dataclass(frozen=True)
+class CopyToModel:
+    """bf16 training: copy the updated fp32 main parameters over ``ranges`` into the bf16 model
+    parameters (Megatron's copy of main params to model params at the end of ``step()``)."""
+
+    tag: str
+    ranges: Ranges
+    phase: str = "apply"
+
+
+@dataclass(frozen=True)
 class Wait:
     """Block until the communication actions named by ``tags`` completed (and finish them:
     copy-out, averaging, unpacking)."""
@@ -353,10 +402,26 @@ class Mark:
 
 
 @dataclass(frozen=True)
-class Forward:
-    """The model's forward pass (loss on this rank's micro-batch)."""
+class GatherWait:
+    """Overlapped parameter gather, Megatron's way (``--overlap-param-gather``): before the
+    module owning ``param`` runs, wait for the gather ``tag``, then issue ``then`` (the gather of
+    the next bucket the forward needs) -- one bucket in flight, dispatched in forward order."""
 
+    param: int
+    tag: str
+    then: Comm | None
+
+
+@dataclass(frozen=True)
+class Forward:
+    """The model's forward pass (loss on this rank's micro-batch), with the overlapped
+    parameter gather's waits in module pre-hooks (``waits``, in forward order)."""
+
+    waits: tuple[GatherWait, ...] = ()
     phase: str = "forward"
+
+    def issues(self) -> tuple[Comm, ...]:
+        return tuple(w.then for w in self.waits if w.then is not None)
 
 
 @dataclass(frozen=True)
@@ -383,13 +448,14 @@ class Backward:
         return tuple(Call("all_reduce", "tp", n, n, self.dtype) for _, n in self.tp_partial)
 
 
-Action = Forward | Backward | Wait | Mark | Compute | Apply | Elementwise | Comm
+Action = Forward | Backward | Wait | Mark | Compute | Apply | Elementwise | GradNorm | ClipScale | CopyToModel | Comm
 
 
 @dataclass(frozen=True)
 class Program:
-    """One rank's iteration: ``actions`` in order; ``drain`` completes what an iteration leaves
-    in flight (none today) after the last one."""
+    """One rank's iteration: ``actions`` in order; ``prologue`` runs once before the first
+    iteration and ``drain`` once after the last (the overlapped parameter gathers an iteration
+    leaves in flight for the next forward)."""
 
     rank: int
     dp_rank: int
@@ -398,15 +464,24 @@ class Program:
     tp: int
     actions: tuple[Action, ...]
     drain: tuple[Action, ...] = ()
+    # Issued once before the first iteration, as if a previous step had ended: the first
+    # overlapped parameter gather (so every iteration makes the same calls).
+    prologue: tuple[Action, ...] = ()
     # The matrices whose full update this rank computes (ownership checks).
     matrix_items: tuple[int, ...] = ()
+    # bf16 training: the buffer ranges whose fp32 main parameters this rank holds and updates
+    # (empty in fp32: the model's parameters are the main parameters).
+    main_ranges: Ranges = ()
+    param_dtype: str = "float32"
     notes: dict[str, str] = field(default_factory=dict, compare=False)
 
     def comms(self) -> list[Comm]:
         """Every communication action, in issue order (backward hooks in place)."""
         out: list[Comm] = []
-        for a in self.actions:
-            if isinstance(a, Backward):
+        for a in (*self.prologue, *self.actions, *self.drain):
+            if isinstance(a, Forward):
+                out.extend(a.issues())
+            elif isinstance(a, Backward):
                 for h in a.hooks:
                     out.extend(h.issue)
             elif isinstance(a, COMM_TYPES):
@@ -417,7 +492,10 @@ class Program:
         """Every torch.distributed call of the iteration as ``(action tag, call)``, in order."""
         out: list[tuple[str, Call]] = []
         for a in self.actions:
-            if isinstance(a, Backward):
+            if isinstance(a, Forward):
+                for comm in a.issues():
+                    out.extend((comm.tag, c) for c in comm.calls())
+            elif isinstance(a, Backward):
                 out.extend(("backward", c) for c in a.calls())
                 for h in a.hooks:
                     for comm in h.issue:

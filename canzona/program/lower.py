@@ -36,11 +36,16 @@ from canzona.program.actions import (
     BucketGather,
     BucketHook,
     BucketReduce,
+    ClipScale,
     Comm,
     Compute,
+    CopyToModel,
     Elementwise,
     Forward,
+    GatherWait,
+    GradNorm,
     Mark,
+    NormReduce,
     OwnedParamsGather,
     Program,
     Ranges,
@@ -52,6 +57,7 @@ from canzona.program.actions import (
 
 PADDING_TOLERANCE = 1.25
 GRAD_DTYPE = "float32"  # the gradient buffer and its reductions (Megatron: fp32 grad accumulation)
+UPDATE_DTYPE = "float32"  # matrix updates are computed from fp32 gradients for fp32 main params
 
 
 def equal_in_order(ranges: Ranges) -> bool:
@@ -77,7 +83,11 @@ class _Lowering:
         self.plan = plan
         self.ex = plan.execution
         self.dp, self.tp = plan.dp, plan.tp
-        self.param_dtype = "float32"
+        self.param_dtype = self.ex.dtype  # bf16 parameters are all-gathered in bf16
+        self.bf16 = self.ex.dtype != "float32"
+        # every rank holds every reduced gradient (all-reduce, or sync's re-gather) or only its shards
+        self.full_grads = plan.grad_reduce == "all_reduce" or plan.regathers_grads
+        self.replicated = [p.tp_dim is None for p in plan.params]
         self.slots = {s.index: s for b in plan.layout.buckets for s in b.params}
         self.bucket_of = {s.index: b.index for b in plan.layout.buckets for s in b.params}
         n = len(plan.params)
@@ -113,7 +123,7 @@ class _Lowering:
     def iteration(self, d: int, t: int) -> list[Action]:
         plan = self.plan
         buckets = plan.layout.buckets
-        out: list[Action] = [Forward()]
+        out: list[Action] = [Forward(self.forward_waits(d))]
         reduces = [self.grad_reduce(d, b.index, "backward") for b in buckets] if self.dp > 1 else []
         if self.ex.overlap_grad_reduce:
             hooks = tuple(BucketHook(r.bucket, (r,)) for r in reduces)
@@ -129,10 +139,97 @@ class _Lowering:
             out.extend(gathers)
             out.append(Wait(tuple(g.tag for g in gathers), "grad_reduce", "gradient re-gather"))
         out.append(Mark("step_start"))
-        out.extend(self.step(d, t))
+        step = self.step(d, t)
+        out.extend(self.clip(d, t, step))
+        out.extend(step)
+        main = self.main_ranges(step)
+        if self.bf16 and main:
+            out.append(CopyToModel("copy main->model", main))
         out.append(Mark("step_end"))
         out.extend(self.param_sync(d))
         return out
+
+    # ------------------------------------------------------------------ clipping and main params
+    def _read_ranges(self, step: list[Action]) -> Ranges:
+        """Gradient ranges the step reads: its elementwise ranges and the slots of every matrix
+        it computes, gathers or sends."""
+        out: list[tuple[int, int]] = []
+        for a in step:
+            if isinstance(a, Elementwise):
+                out.extend(a.ranges)
+            elif isinstance(a, (Compute, TpGather, TpAllGather)):
+                out.extend((self.slots[i].start, self.slots[i].end) for i in a.items)
+        return merge(out)
+
+    def _norm_ranges(self, d: int, t: int) -> Ranges:
+        """What this rank counts in the gradient norm: its shards (or, holding every gradient,
+        the whole buffer), without replicated params on TP ranks other than 0 (they hold the
+        same values), so that every gradient element counts exactly once over all ranks."""
+        plan = self.plan
+        if self.full_grads or plan.shard_ranges is None:
+            mine: Ranges = ((0, plan.layout.numel),)
+        else:
+            mine = tuple(r[d] for r in plan.shard_ranges if r[d][1] > r[d][0])
+        if t == 0:
+            return mine
+        holes = sorted((s.start, s.end) for i, s in self.slots.items() if self.replicated[i])
+        return subtract(mine, holes)
+
+    def clip(self, d: int, t: int, step: list[Action]) -> list[Action]:
+        if self.ex.clip_grad <= 0:
+            return []
+        out: list[Action] = [GradNorm("grad norm", self._norm_ranges(d, t))]
+        axis = None
+        if not self.full_grads and self.dp * self.tp > 1:
+            axis = "world"
+        elif self.tp > 1:
+            axis = "tp"
+        norm = "grad norm"
+        if axis is not None:
+            out += [NormReduce("grad norm reduce", axis), Wait(("grad norm reduce",), "clip_grad", "grad norm")]
+            norm = "grad norm reduce"
+        out.append(ClipScale("clip", norm, self.ex.clip_grad, self._read_ranges(step)))
+        return out
+
+    def main_ranges(self, step: list[Action]) -> Ranges:
+        """The ranges this rank updates: its elementwise ranges and the slots of what it applies."""
+        out: list[tuple[int, int]] = []
+        for a in step:
+            if isinstance(a, Elementwise):
+                out.extend(a.ranges)
+            elif isinstance(a, Apply):
+                out.extend((self.slots[i].start, self.slots[i].end) for i in a.items)
+        return merge(out)
+
+    def _param_gathers(self, d: int) -> list[Comm]:
+        """The parameter all-gathers of DP rank d in the order the forward needs them."""
+        plan = self.plan
+        if plan.param_sync == "shards":
+            order = sorted(plan.layout.buckets, key=lambda b: min(s.index for s in b.params))
+            return [BucketGather(f"param_sync b{b.index}", b.index, "param", self.impls[b.index],
+                                 plan.shard_ranges[b.index], d, self.param_dtype, "param_sync") for b in order]
+        return [OwnedParamsGather("param_sync", self.owned, self.owned_sizes, d, self.param_dtype, "param_sync")]
+
+    def _first_param(self, g: Comm) -> int:
+        if isinstance(g, BucketGather):
+            return min(s.index for s in self.plan.layout.buckets[g.bucket].params)
+        return 0
+
+    def overlapped(self) -> bool:
+        return self.gathers_params and self.ex.overlap_param_gather
+
+    def forward_waits(self, d: int) -> tuple[GatherWait, ...]:
+        """Overlapped gather: wait for bucket k's gather before its first param's module, then
+        dispatch bucket k+1's (forward order); bucket 0's comes from the previous step."""
+        if not self.overlapped():
+            return ()
+        gathers = self._param_gathers(d)
+        return tuple(GatherWait(self._first_param(g), g.tag, gathers[k + 1] if k + 1 < len(gathers) else None)
+                     for k, g in enumerate(gathers))
+
+    @property
+    def gathers_params(self) -> bool:
+        return self.dp > 1 and self.plan.param_sync != "none"
 
     # ------------------------------------------------------------------ the optimizer step
     def pipelined(self, d: int) -> list[int]:
@@ -155,7 +252,7 @@ class _Lowering:
             dup = tuple(i for i in local if plan.tp_mode == "duplicated" and plan.params[i].tp_dim is not None)
             source = None
             if dup:
-                gather = TpAllGather("tp_allgather", dup, tuple(self.shard(i) for i in dup), self.tp, self.param_dtype)
+                gather = TpAllGather("tp_allgather", dup, tuple(self.shard(i) for i in dup), self.tp, GRAD_DTYPE)
                 out += [gather, Wait((gather.tag,), "gather", "all-gather TP")]
                 source = gather.tag
             out.append(Compute("compute", tuple(local), source))
@@ -186,14 +283,14 @@ class _Lowering:
         for k, g in enumerate(groups):
             while issued < min(k + 1 + depth, len(groups)):
                 gi = groups[issued]
-                out.append(TpGather(f"gather g{issued}", gi.items, gi.owners, shards(gi), t, self.tp, self.param_dtype))
+                out.append(TpGather(f"gather g{issued}", gi.items, gi.owners, shards(gi), t, self.tp, GRAD_DTYPE))
                 issued += 1
             out.append(Wait((f"gather g{k}",), "wait", f"wait gather g{k}"))
             owned = tuple(i for i, o in zip(g.items, g.owners) if o == t)
             if owned:
                 out.append(Compute(f"compute g{k}", owned, f"gather g{k}"))
             out.append(TpScatter(f"scatter g{k}", f"compute g{k}", g.items, g.owners, shards(g), t, self.tp,
-                                 self.param_dtype))
+                                 UPDATE_DTYPE))
             scatters.append(k)
             drain(depth)
         drain(0)
@@ -211,15 +308,28 @@ class _Lowering:
 
     # ------------------------------------------------------------------ parameter sync
     def param_sync(self, d: int) -> list[Action]:
-        plan = self.plan
-        if self.dp == 1 or plan.param_sync == "none":
+        """The DP all-gather of updated parameters, waited for here; or, overlapped, only the
+        first bucket the next forward needs is issued (the forward's pre-hooks chain the rest)."""
+        if not self.gathers_params:
             return []
-        if plan.param_sync == "shards":
-            gathers = [BucketGather(f"param_sync b{b}", b, "param", self.impls[b], r, d, self.param_dtype, "param_sync")
-                       for b, r in enumerate(plan.shard_ranges)]
-            return [*gathers, Wait(tuple(g.tag for g in gathers), "param_sync", "parameter all-gather")]
-        g = OwnedParamsGather("param_sync", self.owned, self.owned_sizes, d, self.param_dtype, "param_sync")
-        return [g, Wait((g.tag,), "param_sync", "parameter all-gather")]
+        gathers = self._param_gathers(d)
+        if self.overlapped():
+            return [gathers[0]]
+        return [*gathers, Wait(tuple(g.tag for g in gathers), "param_sync", "parameter all-gather")]
+
+    def drain(self, d: int) -> tuple[Action, ...]:
+        """After the last iteration, complete the gather chain the forward would have run."""
+        if not self.overlapped():
+            return ()
+        out: list[Action] = []
+        for w in self.forward_waits(d):
+            out.append(Wait((w.tag,), "param_sync", f"wait {w.tag}"))
+            if w.then is not None:
+                out.append(w.then)
+        return tuple(out)
+
+    def prologue(self, d: int) -> tuple[Action, ...]:
+        return (self._param_gathers(d)[0],) if self.overlapped() else ()
 
     # ------------------------------------------------------------------ ownership
     def matrix_items(self, d: int, t: int) -> tuple[int, ...]:
@@ -237,7 +347,37 @@ class _Lowering:
 
     def program(self, rank: int) -> Program:
         d, t = divmod(rank, self.tp)
-        return Program(rank, d, t, self.dp, self.tp, tuple(self.iteration(d, t)), (), self.matrix_items(d, t))
+        actions = tuple(self.iteration(d, t))
+        main = next((a.ranges for a in actions if isinstance(a, CopyToModel)), ())
+        return Program(rank, d, t, self.dp, self.tp, actions, self.drain(d), self.prologue(d), self.matrix_items(d, t),
+                       main, self.param_dtype)
+
+
+def merge(ranges) -> Ranges:
+    """Sorted, non-empty, with touching or overlapping ranges joined."""
+    out: list[list[int]] = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
+def subtract(ranges: Ranges, holes) -> Ranges:
+    """``ranges`` minus the (sorted) ``holes``."""
+    out = []
+    for a, b in ranges:
+        cur = a
+        for h0, h1 in holes:
+            if h1 <= cur or h0 >= b:
+                continue
+            if h0 > cur:
+                out.append((cur, h0))
+            cur = max(cur, h1)
+        if cur < b:
+            out.append((cur, b))
+    return tuple(out)
 
 
 def lower(plan, ranks: Sequence[int] | None = None) -> list[Program]:

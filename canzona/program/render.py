@@ -7,9 +7,12 @@ from canzona.program.actions import (
     DTYPE_BYTES,
     Apply,
     Backward,
+    ClipScale,
     Compute,
+    CopyToModel,
     Elementwise,
     Forward,
+    GradNorm,
     Mark,
     Program,
     Wait,
@@ -44,10 +47,16 @@ def render_program(plan, program: Program) -> str:
     lines = [
         f"rank {program.rank} (dp {program.dp_rank}, tp {program.tp_rank}) of dp={program.dp} tp={program.tp}  "
         f"method={plan.method}  {len(program.actions)} actions, {len(program.calls())} collective calls per iteration",
+        f"parameters {program.param_dtype} ({plan.execution.dtype_reason}); gradients float32; "
+        f"fp32 main parameters: {sum(e - s for s, e in program.main_ranges):,} elements" if program.main_ranges else
+        f"parameters {program.param_dtype} ({plan.execution.dtype_reason}); gradients float32",
     ]
     for k, a in enumerate(program.actions):
         if isinstance(a, Forward):
             text = "forward"
+            if a.waits:
+                text += (f"  (overlapped parameter gather: {len(a.waits)} waits in module pre-hooks, each then "
+                         f"issuing the next bucket's gather: {a.waits[0].tag} -> ... -> {a.waits[-1].tag})")
         elif isinstance(a, Backward):
             text = f"backward  ({len(a.tp_partial)} partial-gradient TP all-reduces in hooks)"
             lines.append(f"{k:>4}  {text}")
@@ -69,9 +78,21 @@ def render_program(plan, program: Program) -> str:
         elif isinstance(a, Elementwise):
             n = sum(e - s for s, e in a.ranges)
             text = f"adamw  {a.tag:<22} {len(a.ranges)} ranges, {n:,} elements"
+        elif isinstance(a, GradNorm):
+            text = f"norm   {a.tag:<22} float64 sum of squares over {sum(e - s for s, e in a.ranges):,} gradient elements"
+        elif isinstance(a, ClipScale):
+            text = (f"clip   {a.tag:<22} scale {sum(e - s for s, e in a.ranges):,} gradient elements if the norm "
+                    f"from {a.norm!r} exceeds {a.max_norm:g}")
+        elif isinstance(a, CopyToModel):
+            text = f"copy   {a.tag:<22} {sum(e - s for s, e in a.ranges):,} fp32 main elements -> {program.param_dtype} model"
         elif isinstance(a, Mark):
             text = f"-- {a.name} --"
         else:  # pragma: no cover - every action type is listed above
             text = repr(a)
         lines.append(f"{k:>4}  {text}")
+    if program.prologue:
+        lines.append("before the first iteration: issue " + ", ".join(a.tag for a in program.prologue))
+    if program.drain:
+        waits = sum(isinstance(a, Wait) for a in program.drain)
+        lines.append(f"after the last iteration: the parameter-gather chain ({waits} waits, each followed by the next issue)")
     return "\n".join(lines)

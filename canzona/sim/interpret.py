@@ -3,8 +3,10 @@
 It reads the same per-rank programs the executor runs and gives each action a duration:
 
 - ``Forward`` / ``Backward``: the model's work (`canzona.sim.model`), identical on every rank,
-  run in lockstep with Megatron's blocking TP all-reduces; backward's walk lands each
-  gradient in its bucket and fires the program's bucket hooks, which issue their reductions.
+  run in lockstep with Megatron's blocking TP all-reduces; forward waits, before the first
+  unit using them, for the parameter gathers the previous iteration left in flight (then two
+  iterations are simulated and the second measured); backward's walk lands each gradient in
+  its bucket and fires the program's bucket hooks, which issue their reductions.
 - communication actions: host time to pack the send buffer (``pack_elems``), then one
   collective per action over the action's group (``dp``/``tp`` stream of each member), starting
   when every member has issued it and its stream is free. The action's calls run back to back
@@ -28,9 +30,12 @@ from canzona.program.actions import (
     DTYPE_BYTES,
     Apply,
     Backward,
+    ClipScale,
     Compute,
+    CopyToModel,
     Elementwise,
     Forward,
+    GradNorm,
     Mark,
     Program,
     Wait,
@@ -69,10 +74,10 @@ class ProgramSim:
             return ("tp", d), [d * self.tp + x for x in range(self.tp)]
         return ("world", 0), list(range(self.world))
 
-    def _key(self, r: int, comm) -> tuple:
+    def _key(self, r: int, comm, it: int | None = None) -> tuple:
         axis = comm.calls()[0].axis
         gid, _ = self.members(axis, r)
-        return (gid, comm.tag)
+        return (gid, comm.tag, self.it if it is None else it)
 
     def host(self, r: int, seconds: float) -> None:
         self.tl.host(r, seconds * self.host_factor[r])
@@ -86,7 +91,7 @@ class ProgramSim:
         if comm.pack_elems:
             self.host(r, self.prof.copy(comm.pack_elems * width))
         gid, members = self.members(calls[0].axis, r)
-        key = (gid, comm.tag)
+        key = (gid, comm.tag, self.it)
         slot = self.pending.setdefault(key, {})
         slot[r] = (self.tl.cpu[r], calls)
         if len(slot) == len(members):
@@ -120,27 +125,42 @@ class ProgramSim:
         self.handles[key] = self.tl.collective(members, axis, seconds, key[1], transfer,
                                                issued=[slot[r][0] for r in members])
 
-    def handle(self, r: int, tag: str) -> Handle | None:
+    def handle(self, r: int, tag: str, it: int | None = None) -> Handle | None:
         comm = self.comms[r][tag]
         if not comm.calls():
             return Handle(tag, self.tl.cpu[r], self.tl.cpu[r])
-        return self.handles.get(self._key(r, comm))
+        return self.handles.get(self._key(r, comm, it))
+
+    def _finish(self, r: int, tag: str) -> None:
+        """Host work after a wait: the copy-out of what the collective brought."""
+        comm = self.comms[r][tag]
+        if comm.finish_elems:
+            self.host(r, self.prof.copy(comm.finish_elems * DTYPE_BYTES[comm.calls()[0].dtype]))
 
     # ------------------------------------------------------------------ the iteration
     def run(self) -> None:
-        tl = self.tl
-        everyone = list(range(self.world))
+        """Simulate one iteration; when the programs leave parameter gathers in flight for the
+        next forward (overlapped gather), simulate two and measure the second (steady state)."""
         first = [p.actions[:2] for p in self.programs]
         if not all(isinstance(a[0], Forward) and isinstance(a[1], Backward) for a in first):
             raise ValueError("every program must start with Forward, Backward")
-        work = model_work(self.cfg, self.plan, self.prof, self.members("tp", 0)[1])
-        self.work = work
-        with tl.phase(everyone, "forward"):
-            for r in everyone:
-                tl.host(r, work.forward_s)
-            if self.tp > 1:
-                for d in range(self.dp):
-                    tl.blocking(self.members("tp", d * self.tp)[1], "tp", work.tp_forward_s, "forward TP all-reduces")
+        self.work = model_work(self.cfg, self.plan, self.prof, self.members("tp", 0)[1])
+        overlapped = any(p.actions[0].waits for p in self.programs)
+        self.it = -1
+        for r, p in enumerate(self.programs):  # gathers "left by a previous step"
+            for a in p.prologue:
+                self.issue(r, a)
+        self.it = 0
+        if overlapped:
+            self._iteration()
+            self.it = 1
+            self.tl.restart()
+        self._iteration()
+
+    def _iteration(self) -> None:
+        tl, work = self.tl, self.work
+        everyone = list(range(self.world))
+        self._forward(work)
         self._backward(work)
         pc = [2] * self.world
         active = set(everyone)
@@ -161,6 +181,31 @@ class ProgramSim:
             if active and not moved:
                 blocked = sorted({(r, self.programs[r].actions[pc[r]].tags) for r in active})[:4]
                 raise Deadlock(f"no rank can proceed; blocked at {blocked}")
+
+    def _forward(self, work) -> None:
+        """Forward in lockstep (identical model work on every rank); each rank first waits for
+        the parameter gathers its program lists before the first unit that uses them."""
+        tl = self.tl
+        everyone = list(range(self.world))
+        waits = [{w.param: w for w in p.actions[0].waits} for p in self.programs]
+        with tl.phase(everyone, "forward"):
+            for items, sec in work.forward_units:
+                for i in items:  # a chained gather must be issued by every member before it is waited for
+                    for r in everyone:
+                        w = waits[r].get(i)
+                        if w is None:
+                            continue
+                        h = self.handle(r, w.tag) or self.handle(r, w.tag, self.it - 1)
+                        with tl.phase([r], "param_sync", f"wait {w.tag}"):
+                            tl.wait(r, h)
+                            self._finish(r, w.tag)
+                            if w.then is not None:
+                                self.issue(r, w.then)
+                for r in everyone:
+                    tl.host(r, sec)
+            if self.tp > 1:
+                for d in range(self.dp):
+                    tl.blocking(self.members("tp", d * self.tp)[1], "tp", work.tp_forward_s, "forward TP all-reduces")
 
     def _backward(self, work) -> None:
         tl = self.tl
@@ -200,9 +245,7 @@ class ProgramSim:
             with tl.phase([r], a.phase, a.label or None):
                 for tag in a.tags:
                     tl.wait(r, self.handle(r, tag))
-                    comm = self.comms[r][tag]
-                    if comm.finish_elems:
-                        self.host(r, prof.copy(comm.finish_elems * DTYPE_BYTES[comm.calls()[0].dtype]))
+                    self._finish(r, tag)
         elif isinstance(a, Compute):
             shapes = [shape for i in a.items for _, shape in plan.params[i].matrices]
             with tl.phase([r], a.phase, a.tag):
@@ -213,6 +256,10 @@ class ProgramSim:
         elif isinstance(a, Elementwise):
             with tl.phase([r], a.phase, a.tag):
                 self.host(r, prof.adamw(e - s for s, e in a.ranges))
+        elif isinstance(a, (GradNorm, ClipScale, CopyToModel)):
+            # one pass over fp32 gradients (norm, scaling) or fp32 main -> model parameters
+            with tl.phase([r], a.phase, a.tag):
+                self.host(r, prof.copy(4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges)))
         else:
             raise TypeError(f"the simulator cannot run {type(a).__name__} after backward")
 

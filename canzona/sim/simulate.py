@@ -115,7 +115,7 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
     world = sim.world
     metrics = count_programs(plan_, sim.programs_)
     step_ms = [(tl.marks[r]["step_end"] - tl.marks[r]["step_start"]) * 1e3 for r in range(world)]
-    iter_ms = [tl.marks[r]["end"] * 1e3 for r in range(world)]
+    iter_ms = [tl.marks[r]["end"] * 1e3 for r in range(world)]  # marks count from each rank's iteration start
     critical = int(np.argmax(step_ms))
     keep = set(range(world))
     if events == "none":

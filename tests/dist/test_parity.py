@@ -20,9 +20,9 @@ import torch
 
 pytestmark = pytest.mark.slow
 
-MODEL = ["model=qwen3-8b", "model.width_div=64", "model.num_layers=2", "train.seed=7"]
+MODEL = ["model=qwen3-8b", "model.width_div=64", "model.num_layers=2", "train.seed=7", "train.dtype=fp32"]
 # TP=4 needs a vocabulary divisible by 4: width/32.
-STEP_MODEL = ["model=qwen3-8b", "model.width_div=32", "model.num_layers=2", "train.seed=7"]
+STEP_MODEL = ["model=qwen3-8b", "model.width_div=32", "model.num_layers=2", "train.seed=7", "train.dtype=fp32"]
 METHODS = ["canzona", "sync", "layerwise", "adamw"]
 OPTIMIZERS = ["muon", "shampoo", "soap", "adamw"]
 LAYOUTS = {"dp2": (2, 1), "tp2": (1, 2), "dp2tp2": (2, 2)}
@@ -64,6 +64,9 @@ def _combos(wide: bool = False) -> list[tuple[str, str, list[str]]]:
         ("canzona", "shampoo", ["canzona.grouping=single", "canzona.alpha=0.5"]),
         ("sync", "muon", ["dist.sync_variant=zero1_gather"]),
         ("canzona", "muon", ["dist.overlap_grad_reduce=false"]),
+        ("canzona", "muon", ["dist.overlap_param_gather=false"]),
+        ("canzona", "muon", ["optimizer.clip_grad=0"]),
+        ("adamw", "adamw", ["optimizer.clip_grad=1e9"]),
     ]
     return combos
 
@@ -84,7 +87,7 @@ def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> 
     for method, optimizer, extra in _combos(wide):
         cfg = load_config([*STEP_MODEL, f"parallel.dp={dp}", f"parallel.tp={tp}", f"method={method}",
                            f"optimizer={optimizer}", *extra])
-        plan = make_plan(cfg)
+        plan = make_plan(cfg, device="cpu")
         program = lower_rank(plan, ctx.rank)
         mcfg = cfg.model_cfg()
         model = build_model(mcfg, seed=cfg.train.seed)
