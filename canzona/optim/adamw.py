@@ -67,12 +67,13 @@ def fused_adamw_step(
         group = (_flat(p, "a parameter"), _flat(g, "a gradient"), _flat(m, "exp_avg"), _flat(v, "exp_avg_sq"))
         n = group[0].numel()
         body = n - n % ALIGN
+        # narrow, not t[a:b]: Python slicing of fake CUDA tensors fails on a CPU-only torch (dry runs)
         for out, t in zip(lists, group):
             if body:
-                out.append(t[:body])
+                out.append(t.narrow(0, 0, body))
         for out, t in zip(tails, group):
             if body < n:
-                out.append(t[body:])
+                out.append(t.narrow(0, body, n - body))
     scratch: list[Tensor] = []
     if tails[0]:
         pad = -sum(t.numel() for t in tails[0]) % ALIGN
@@ -93,7 +94,7 @@ def fused_adamw_step(
         for k, tail in enumerate(tails[0]):
             n = tail.numel()
             for which in (0, 2, 3):  # param, exp_avg, exp_avg_sq (the grad is read only)
-                tails[which][k].copy_(scratch[which][offset : offset + n])
+                tails[which][k].copy_(scratch[which].narrow(0, offset, n))
             offset += n
 
 

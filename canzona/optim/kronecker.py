@@ -60,6 +60,12 @@ def blocks(shape: tuple[int, ...], max_dim: int) -> list[tuple[slice, slice]]:
     return [(r, c) for r in _cuts(rows, max_dim) for c in _cuts(cols, max_dim)]
 
 
+def block_of(t: Tensor, rows: slice, cols: slice) -> Tensor:
+    """The view ``t[rows, cols]`` (by narrow: Python slicing fails on fake CUDA tensors of a
+    CPU-only torch, which the dry run uses)."""
+    return t.narrow(0, rows.start, rows.stop - rows.start).narrow(1, cols.start, cols.stop - cols.start)
+
+
 def block_shapes(shape: tuple[int, ...], max_dim: int) -> list[Shape]:
     return [(r.stop - r.start, c.stop - c.start) for r, c in blocks(shape, max_dim)]
 
@@ -130,7 +136,8 @@ class KroneckerRule(UpdateRule):
             full = torch.empty_like(grad)
             for i, (rows, cols) in enumerate(cuts):
                 sub = {k: state[f"{k}/{i}"] for k in self.state_keys}
-                full[rows, cols] = self.block_update(grad[rows, cols].contiguous(), sub, step)
+                block = self.block_update(block_of(grad, rows, cols).contiguous(), sub, step)
+                block_of(full, rows, cols).copy_(block)
             out.append(full)
         return out
 
