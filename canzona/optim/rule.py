@@ -145,8 +145,9 @@ class OptimizerDef:
       are that times the state dtype's size): what the memory accounting of a dry run needs.
     - ``kernels(shape, settings)``: the matrices one update runs its kernels on, one entry per
       kernel (the blocks of a blocked preconditioner; ``[shape]`` otherwise). A matrix's update
-      costs the sum of its kernels' updates, so a calibration needs to time only
-      ``calibration_shapes`` of the shapes it cares about.
+      costs the sum of its kernels' updates and every kernel runs on one matrix (no batching),
+      so a calibration needs to time only ``calibration_shapes`` of the shapes it cares about,
+      one matrix at a time (a call over c matrices costs c single updates plus call overhead).
     - ``elementwise_passes``: fp32 passes over the matrix besides the matmuls (memory-bound).
     - ``matmul_dtype(settings)``: the dtype its matmuls run in (Newton-Schulz may be bf16).
     """
