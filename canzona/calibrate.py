@@ -209,8 +209,8 @@ def time_updates(optimizers: list[str], shapes: list[tuple[int, int]], budget_s:
 
     import torch
 
-    from canzona.config import OptimizerSection
     from canzona.optim.base import make_rule
+    from canzona.optim.section import OptimizerSection
 
     per_shape_cap = 0.05 if quick else 0.5  # skip shapes whose one update would take longer
     small = 0.02  # below this, also time a batch of 4 to split per-call overhead from slope

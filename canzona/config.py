@@ -15,10 +15,12 @@ from omegaconf import OmegaConf
 
 from canzona.errors import ConfigError
 from canzona.inventory import ModelConfig, check_tp, model_config
+from canzona.optim import registry as optimizers
+from canzona.optim.section import OptimizerSection
 from canzona.overrides import Arguments, build, split_argv
 from canzona.plan.methods import METHODS
 
-OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
+OPTIMIZERS = optimizers.NAMES
 COSTS = ("numel", "flops", "measured")
 GROUPINGS = ("rounds", "global", "slot", "single", "none")
 DP_COLLECTIVES = ("auto", "padded", "reduce_loop", "coalesced", "all_to_all")
@@ -59,26 +61,6 @@ class CanzonaSection:
     elementwise_flops: float = 512.0
 
 
-@dataclass
-class OptimizerSection:
-    name: str = "muon"
-    lr: float = 0.02
-    # Gradient-norm clipping inside the optimizer step (Megatron's --clip-grad, default 1.0); 0: off.
-    clip_grad: float = 1.0
-    weight_decay: float = 0.01
-    momentum: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5
-    ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
-    ns_eps: float = 1e-7
-    # Newton-Schulz matmul dtype: float32 for parity tests, bfloat16 as torch.optim.Muon does.
-    ns_dtype: str = "float32"
-    lr_adjust: str = "original"
-    adamw_lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    precondition_frequency: int = 10
-    shampoo_eps: float = 1e-12
 
 
 @dataclass
@@ -157,7 +139,7 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
 def validate(cfg: TrialConfig) -> TrialConfig:
     """Check every value and the layout; raise ConfigError with a one-line message."""
     _choice("method", cfg.method, METHODS)
-    _choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
+    optimizers.check_settings(cfg.optimizer)  # name, choices and bounds of every optimizer.* key
     _choice("canzona.cost", cfg.canzona.cost, COSTS)
     _choice("canzona.grouping", cfg.canzona.grouping, GROUPINGS)
     _choice("canzona.dp_variant", cfg.canzona.dp_variant, ("minmax", "snap"))
@@ -165,8 +147,6 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     _choice("dist.sync_variant", cfg.dist.sync_variant, SYNC_VARIANTS)
     _choice("dist.device", cfg.dist.device, DEVICES)
     _choice("train.dtype", cfg.train.dtype, DTYPES)
-    if cfg.optimizer.clip_grad < 0:
-        raise ConfigError(f"optimizer.clip_grad={cfg.optimizer.clip_grad} must be >= 0 (0 turns clipping off)")
     if not 0.0 <= cfg.canzona.alpha <= 1.0:
         raise ConfigError(f"canzona.alpha={cfg.canzona.alpha} must be in [0, 1]")
     if not 0.0 < cfg.canzona.capacity <= 1.0:
@@ -177,16 +157,12 @@ def validate(cfg: TrialConfig) -> TrialConfig:
         raise ConfigError(f"canzona.pipeline_depth={cfg.canzona.pipeline_depth} must be >= 0")
     if cfg.canzona.cost == "measured" and not cfg.canzona.measured_profile:
         raise ConfigError("canzona.cost=measured needs canzona.measured_profile=PATH (from python -m canzona.calibrate)")
-    _choice("optimizer.ns_dtype", cfg.optimizer.ns_dtype, ("float32", "bfloat16"))
-    _choice("optimizer.lr_adjust", cfg.optimizer.lr_adjust, ("original", "match_rms_adamw", "none"))
     if cfg.parallel.dp < 1:
         raise ConfigError(f"parallel.dp={cfg.parallel.dp} must be a positive integer")
     if cfg.bucket.size is not None and cfg.bucket.size < 1:
         raise ConfigError(f"bucket.size={cfg.bucket.size} must be a positive number of elements")
     if cfg.train.steps < 1 or cfg.train.warmup < 0:
         raise ConfigError(f"train.steps={cfg.train.steps} must be >= 1 and train.warmup={cfg.train.warmup} >= 0")
-    if cfg.optimizer.precondition_frequency < 1:
-        raise ConfigError(f"optimizer.precondition_frequency={cfg.optimizer.precondition_frequency} must be >= 1")
     check_tp(cfg.model_cfg(), cfg.parallel.tp)
     return cfg
 

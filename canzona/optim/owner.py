@@ -1,20 +1,22 @@
 """What an owner does with whole tensors, shared by every distributed method and the
 single-process reference, so they cannot drift apart.
 
-`MatrixUpdates` turns full gradients of matrices into full updates: one batched call of the
-rule over all matrices given (equal shapes batch together), a fused matrix optimised as its
-logical sub-matrices when the inventory lists them (``split_fused``), and the state kept per
-(param, sub-matrix). `ElementwiseUpdates` does the same for AdamW targets of any shape.
+`MatrixUpdates` turns full gradients of matrices into full updates: one call of the rule over
+all matrices given (each computed alone, so any owner may take any subset), a fused matrix
+optimised as its logical sub-matrices when the inventory lists them (``split_fused``), and the
+state kept per (param, sub-matrix). `ElementwiseUpdates` runs AdamW's fused, slice-invariant
+step on targets of any shape: whole tensors, TP shards, or flat ZeRO-1 slices cut anywhere.
 """
 
 from __future__ import annotations
 
 import torch
 
-from canzona.config import OptimizerSection
 from canzona.inventory import ParamSpec, SubMatrix
-from canzona.optim.base import UpdateRule, apply_update, learning_rate, make_rule
 from canzona.optim.clip import clip_coefficient, sum_of_squares
+from canzona.optim.registry import learning_rate, make_rule
+from canzona.optim.rule import UpdateRule, apply_update
+from canzona.optim.section import OptimizerSection
 
 
 def _rows(sub: SubMatrix) -> list[int]:
@@ -90,8 +92,7 @@ class ElementwiseUpdates:
             if k not in self.states:
                 self.states[k] = self.rule.init_state(tuple(g.shape), g.device, g.dtype)
             states.append(self.states[k])
-        for p, d in zip(params, self.rule.directions(list(grads), states, step)):
-            apply_update(p, d, self.lr, self.opt.weight_decay)
+        self.rule.step(list(params), list(grads), states, step, self.lr, self.opt.weight_decay)
 
 
 class ReferenceOptimizer:

@@ -21,10 +21,9 @@ def common_inputs(cfg: TrialConfig) -> tuple[list[ParamSpec], BufferLayout, dict
     model = make_cost_model(
         cfg.canzona.cost,
         opt,
-        ns_steps=cfg.optimizer.ns_steps,
-        precondition_frequency=cfg.optimizer.precondition_frequency,
         profile=cfg.canzona.measured_profile,
         elementwise_flops=cfg.canzona.elementwise_flops,
+        settings=cfg.optimizer,
     )
     cost = {i: model.cost(p) for i, p in enumerate(params)}
     return params, layout, cost, model.name
