@@ -36,6 +36,7 @@ def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
     # and later trials in the same process forks from it instead of importing them again. The
     # server keeps the environment it started with, so what a rank needs travels as arguments.
     mp.set_forkserver_preload(["canzona.executor.optimizer", "canzona.model.qwen3"])
+    _forkserver_imports_this_checkout()
     rules = os.environ.get(dist_rules.ENV, "")
     ctx = mp.start_processes(
         _spawned_rank, args=(cfg.to_dict(), str(out), free_port(), world, rules), nprocs=world, join=False,
@@ -44,6 +45,16 @@ def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
     while not ctx.join():  # raises ProcessRaisedException / ProcessExitedException, killing the rest
         pass
     return json.loads((out / "summary.json").read_text())
+
+
+def _forkserver_imports_this_checkout() -> None:
+    """Put this checkout first on ``PYTHONPATH`` for the forkserver. Python 3.11's forkserver
+    ignores the parent's ``sys.path``: started from another folder (a sweep's ``cwd``) it would
+    import whichever ``canzona`` is installed -- another checkout's code for the ranks -- or none."""
+    root = str(Path(__file__).resolve().parents[2])
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
 
 
 def _spawned_rank(local_rank: int, cfg_dict: dict[str, Any], out: str, port: int, world: int, rules: str) -> None:
