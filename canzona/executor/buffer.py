@@ -44,7 +44,7 @@ class FlatBuffers:
         self._ready = [0] * len(layout.buckets)
         self._next_bucket = 0
         self._on_ready: Callable[[int], None] | None = None
-        self._on_grad: Callable[[int, torch.Tensor], None] | None = None
+        self._on_grad: Callable[[int, torch.Tensor], torch.Tensor] | None = None
 
     # ---- views
     def param_view(self, index: int) -> torch.Tensor:
@@ -57,10 +57,11 @@ class FlatBuffers:
 
     # ---- gradient hooks
     def install_hooks(
-        self, on_bucket_ready: Callable[[int], None] | None, on_grad: Callable[[int, torch.Tensor], None] | None
+        self, on_bucket_ready: Callable[[int], None] | None, on_grad: Callable[[int, torch.Tensor], torch.Tensor] | None
     ) -> None:
-        """``on_grad(i, grad)`` runs on each gradient before it lands (e.g. a TP all-reduce of a
-        partial gradient); ``on_bucket_ready(b)`` once bucket b may be reduced (None: never)."""
+        """``on_grad(i, grad)`` runs on each gradient before it lands and returns what lands (e.g.
+        a TP all-reduce of a partial gradient, in fp32); ``on_bucket_ready(b)`` once bucket b may
+        be reduced (None: never)."""
         self._on_ready, self._on_grad = on_bucket_ready, on_grad
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._make_hook(i))
@@ -69,7 +70,7 @@ class FlatBuffers:
         def hook(param: torch.Tensor) -> None:
             grad = param.grad
             if self._on_grad is not None:
-                self._on_grad(index, grad)
+                grad = self._on_grad(index, grad)
             self.grad_view(index).add_(grad)
             param.grad = None
             self._ready[self.bucket_of[index]] += 1

@@ -71,7 +71,6 @@ class Runtime:
         self.pending: dict[str, Pending] = {}
         self.results: dict[str, Any] = {}
         self.computed: set[int] = set()  # matrices whose full update this rank computed
-        self.marks: dict[str, float] = {}
         self.loss: torch.Tensor | None = None
         self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
         self._timer = None
@@ -79,12 +78,20 @@ class Runtime:
         self._backward_index = program.actions.index(backward) if backward is not None else -1
         self._hooks = {h.bucket: h.issue for h in backward.hooks} if backward is not None else {}
         partial = {i for i, _ in backward.tp_partial} if backward is not None else set()
-        self.buffers.install_hooks(
-            self._bucket_ready if self._hooks else None,
-            (lambda i, g: self.comm.tp_partial_reduce(g) if i in partial else None) if partial else None,
-        )
+        self.buffers.install_hooks(self._bucket_ready if self._hooks else None,
+                                   self._partial_grad if partial else None)
+        self._partial = partial
         forward = program.actions[0] if program.actions and isinstance(program.actions[0], Forward) else None
         self._install_gather_waits(forward.waits if forward is not None else ())
+
+    def _partial_grad(self, i: int, grad: torch.Tensor) -> torch.Tensor:
+        """A replicated param's partial gradient (q/k-norm) summed over TP, in fp32 as Megatron
+        sums such gradients on its fp32 main grads."""
+        if i not in self._partial:
+            return grad
+        full = grad.float()
+        self.comm.tp_partial_reduce(full)
+        return full
 
     def _install_gather_waits(self, waits) -> None:
         """A forward pre-hook on the module owning each listed param waits for its gather and
@@ -242,6 +249,6 @@ class Runtime:
         elif isinstance(a, Mark):
             if a.name == "step_start":
                 self.steps += 1
-            self.marks[a.name] = timer.now_ms()
+            timer.mark(a.name)
         else:
             self._step_action(a, timer)
