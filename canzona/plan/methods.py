@@ -23,7 +23,7 @@ METHODS: dict[str, object] = {m.NAME: m for m in _MODULES}
 def make_plan(cfg: TrialConfig, device: str | None = None) -> Plan:
     """Plan one trial for a device kind (``cpu``/``cuda``; default: what ``dist.device`` means
     on this machine); the result is identical on every rank and process."""
-    from canzona.config import trial_device
+    from canzona.devices import trial_device
 
     t0 = time.perf_counter()
     ex = Execution.from_config(cfg, device or trial_device(cfg))

@@ -35,7 +35,7 @@ class Execution:
 
     @classmethod
     def from_config(cls, cfg, device: str) -> Execution:
-        from canzona.config import resolve_dtype
+        from canzona.devices import resolve_dtype
 
         dtype, why = resolve_dtype(cfg.train.dtype, device)
         return cls(cfg.dist.dp_collective, cfg.dist.overlap_grad_reduce, cfg.canzona.pipeline_depth, dtype, why,

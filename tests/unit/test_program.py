@@ -171,6 +171,7 @@ def _imports(path: Path) -> set[str]:
             continue
         if isinstance(n, ast.ImportFrom) and n.module:
             mods.add(n.module)
+            mods.update(f"{n.module}.{a.name}" for a in n.names)  # "from pkg import module"
         elif isinstance(n, ast.Import):
             mods.update(a.name for a in n.names)
     return mods
@@ -183,9 +184,11 @@ def test_no_import_cycles_inside_the_package() -> None:
         for f in (REPO / base).rglob("*.py"):
             mod = ".".join(f.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
             graph[mod] = {m for m in _imports(f) if m.split(".")[0] in pkgs}
-    # resolve "from canzona.x import y" where y is a module
+    # "from pkg import y": an edge to pkg.y when y is a module, else to pkg
     for mod, deps in graph.items():
-        graph[mod] = {d for d in deps if d in graph} | {d for d in deps if d not in graph and d.rsplit(".", 1)[0] in graph}
+        submodules = {d for d in deps if d in graph and d.rsplit(".", 1)[0] in deps}
+        parents_via_submodule = {d.rsplit(".", 1)[0] for d in submodules}
+        graph[mod] = {d for d in deps if d in graph and d not in parents_via_submodule} | submodules
 
     def cycle_from(start: str) -> list[str] | None:
         stack, seen = [(start, [start])], set()
