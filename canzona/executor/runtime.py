@@ -154,6 +154,15 @@ class Runtime:
         """Per action tag: [input bytes, output bytes, calls] handed to torch.distributed."""
         return self.recorder.bytes_by_tag()
 
+    def tensors_by_role(self) -> dict[str, list[torch.Tensor]]:
+        """The long-lived tensors of this rank by role: the flat parameter and gradient buffers,
+        the fp32 main parameters and the optimizer state (created by the first step). A memory
+        report (`canzona.trial.dryrun`) books everything else as activations or transient."""
+        states = [t for held in (self.matrices.states, self.elementwise.states) for state in held.values()
+                  for t in state.values() if isinstance(t, torch.Tensor)]
+        return {"parameters": [self.buffers.param_buf], "gradients": [self.buffers.grad_buf],
+                "main_parameters": list(self._main), "optimizer_state": states}
+
     # ------------------------------------------------------------------ main parameters
     def main_slice(self, lo: int, hi: int) -> torch.Tensor:
         """The parameters this rank updates over buffer range [lo, hi): fp32 main parameters
@@ -213,7 +222,10 @@ class Runtime:
                                       [buf.grad_buf[s:e] for s, e in keys], self.steps)
         elif isinstance(a, GradNorm):
             with timer.phase(a.phase, a.tag):
-                self.results[a.tag] = sum_of_squares(buf.grad_buf[s:e] for s, e in a.ranges)
+                # A rank that counts no elements (it owns nothing) still takes part in the norm's
+                # all-reduce: with a zero on its device (sum_of_squares of nothing is a CPU zero).
+                self.results[a.tag] = (sum_of_squares(buf.grad_buf[s:e] for s, e in a.ranges) if a.ranges
+                                       else buf.grad_buf.new_zeros((), dtype=torch.float64))
         elif isinstance(a, ClipScale):
             with timer.phase(a.phase, a.tag):
                 coef = clip_coefficient(float(self.results[a.norm]), a.max_norm)

@@ -242,7 +242,25 @@ def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu", seed: i
     with torch.no_grad():
         for idx, ((_, p), spec) in enumerate(zip(model.named_parameters(), model.param_specs())):
             p.copy_(init_shard(spec, idx, seed=seed, num_layers=cfg.num_layers, tp=tp, tp_rank=tp_rank))
-    return model.to(torch.device(device))
+    return _move_params(model, torch.device(device))
+
+
+def _move_params(model: nn.Module, device: torch.device) -> nn.Module:
+    """``model.to(device)`` by putting a new Parameter on ``device`` in place of each (Megatron's
+    attributes carried over). ``Module.to`` swaps fake tensors in place instead
+    (``torch.utils.swap_tensors``), which fails for the parameters a ``FakeTensorMode`` made:
+    the dry run (`canzona.trial.dryrun`) builds full-size models so."""
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.device != device:
+                moved = nn.Parameter(p.detach().to(device), requires_grad=p.requires_grad)
+                for key, value in vars(p).items():  # a fake tensor's own fields (its device) stay
+                    vars(moved).setdefault(key, value)
+                module._parameters[name] = moved
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = b.to(device)
+    return model
 
 
 def _chunk_seed(seed: int, idx: int, chunk: int) -> int:
