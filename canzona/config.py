@@ -81,6 +81,16 @@ class DistSection:
     overlap_param_gather: bool = True
     timeout_s: float = 300.0
     threads_per_rank: int | None = None
+    # Dry run (`canzona.trial.dryrun`): run the listed ranks of the job on this CPU with fake
+    # CUDA tensors and torch's fake process group at the job's world size, and report each
+    # rank's peak device memory and its collectives instead of training.
+    dry_run: bool = False
+    # Ranks to run: ranks and the words first / last, comma-separated ("0,255", "first,last") or
+    # a list ([0, 255]).
+    dry_run_ranks: Any = "first,last"
+    # Memory of the device the job runs on, GiB (2^30 bytes): a rank whose peak exceeds it fails
+    # the dry run (the report also shows every rank against 80 and 141 GiB).
+    dry_run_memory_gb: float = 80.0
 
 
 @dataclass
@@ -164,7 +174,38 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     if cfg.train.steps < 1 or cfg.train.warmup < 0:
         raise ConfigError(f"train.steps={cfg.train.steps} must be >= 1 and train.warmup={cfg.train.warmup} >= 0")
     check_tp(cfg.model_cfg(), cfg.parallel.tp)
+    if cfg.dist.dry_run:
+        _check_dry_run(cfg)
     return cfg
+
+
+def dry_run_ranks(value: Any, world: int) -> list[int]:
+    """``dist.dry_run_ranks`` (a comma-separated string or a list) as the sorted distinct ranks
+    of a ``world``-rank job; ConfigError if a part is not one of its ranks."""
+    text = ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+    ranks: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if part in ("first", "last"):
+            ranks.add(0 if part == "first" else world - 1)
+            continue
+        try:
+            rank = int(part)
+        except ValueError:
+            raise ConfigError(
+                f"dist.dry_run_ranks={text!r}: {part!r} is not a rank; give ranks and first/last separated by commas"
+            ) from None
+        if not 0 <= rank < world:
+            raise ConfigError(f"dist.dry_run_ranks={text!r}: rank {rank} is not in the job's ranks 0..{world - 1}")
+        ranks.add(rank)
+    return sorted(ranks)
+
+
+def _check_dry_run(cfg: TrialConfig) -> None:
+    if cfg.dist.device == "cpu":
+        raise ConfigError("dist.dry_run=true runs the CUDA path on fake devices; dist.device=cpu is not allowed with it")
+    if not cfg.dist.dry_run_memory_gb > 0:
+        raise ConfigError(f"dist.dry_run_memory_gb={cfg.dist.dry_run_memory_gb} must be a positive number of GiB")
+    dry_run_ranks(cfg.dist.dry_run_ranks, cfg.world_size)
 
 
 @functools.lru_cache(maxsize=1)
