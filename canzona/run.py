@@ -7,6 +7,11 @@ launch. Each rank builds the Qwen3 shard, the plan's distributed optimizer, and 
 ``train.warmup`` + ``train.steps`` steps, timing each phase; rank 0 writes the records of
 `canzona.records` into ``out``. The work is done by `canzona.trial`; this module is the command
 line (and keeps the names the sweep launcher and the benchmarks call).
+
+With ``dist.dry_run=true`` nothing trains: the ranks ``dist.dry_run_ranks`` of the job run here
+on fake CUDA tensors (`canzona.trial.dryrun`), ``out`` gets ``dryrun.json`` and ``dryrun.txt``
+(memory per rank and category, collectives), and the exit status is 1 with one ``error:`` line
+per failing rank (nothing written) if a rank breaks a rule or would run out of memory.
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("out=DIR is required: where the trial writes its records")
         from canzona.plan.methods import make_plan
 
-        make_plan(cfg)
+        make_plan(cfg, device="cuda" if cfg.dist.dry_run else None)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(cfg.out)
+    if cfg.dist.dry_run:
+        return dry_run_main(cfg, out)
     try:
         summary = run_rank_from_env(cfg, out) if launched_externally() else run_trial(cfg, out)
     except ConfigError as e:
@@ -55,6 +62,26 @@ def main(argv: list[str] | None = None) -> int:
             f"iteration {summary['iteration_ms_median']:.1f} ms, optimizer step {summary['optimizer_step_ms_median']:.1f} ms "
             f"(median of {cfg.train.steps}); records in {out}"
         )
+    return 0
+
+
+def dry_run_main(cfg, out: Path) -> int:
+    """``dist.dry_run=true``: the report on stdout and in ``out``, or the errors (exit 1)."""
+    from canzona.trial.dryrun import dry_run_trial
+    from canzona.trial.dryrun.fakecuda import FakeCudaError
+    from canzona.trial.dryrun.report import format_table
+
+    try:
+        report = dry_run_trial(cfg, out=out)
+    except (ConfigError, FakeCudaError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if report["errors"]:
+        for e in report["errors"]:
+            print(f"error: dry run: {e}", file=sys.stderr)
+        return 1
+    print(format_table(report), end="")
+    print(f"dry run report in {out} ({report['seconds']:.0f} s)")
     return 0
 
 

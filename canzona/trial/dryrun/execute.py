@@ -1,0 +1,128 @@
+"""One rank of a full-size job, run for real on fake CUDA tensors (in a dry-run worker process).
+
+The rank is what ``python -m canzona.run`` would run on a GPU node, minus the data: torch's
+``fake`` process group at the job's world size (this process is rank ``rank`` of it; its
+collectives return at once), Megatron's TP/DP groups laid out on it by the same
+`canzona.model.parallel.init_parallel`, NCCL's rules (`canzona.dist_rules`) installed for the
+declared ``cuda:0``, then -- inside a ``FakeTensorMode`` -- the model built by `build_model`
+(randn gives fake tensors: nothing is generated), the plan's `Runtime` with its flat buffers,
+hooks and prologue, and `STEPS` iterations of the rank's `Program`: forward (with the
+overlapped parameter gather's waits), backward (bucket reductions from the hooks), clipping,
+the optimizer step, the parameter gather. The first iteration creates the optimizer state, the
+second is the steady state a long run repeats; `Runtime.finish` then drains the last gathers.
+
+Per iteration the executor's recorded calls are compared with the program's
+(`canzona.program.check.compare_recorded`); the `Observer` checks and tallies every collective
+and keeps the memory ledger (see `canzona.trial.dryrun.observe`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from canzona import dist_rules
+from canzona.config import TrialConfig
+from canzona.executor.runtime import Runtime
+from canzona.executor.timing import StepTimer
+from canzona.model.data import synthetic_batch
+from canzona.model.parallel import destroy_parallel, init_parallel
+from canzona.model.qwen3 import build_model
+from canzona.plan.methods import make_plan
+from canzona.program.check import compare_recorded
+from canzona.program.lower import lower
+from canzona.trial.dryrun.device import DeviceFunctions, emulate_queries
+from canzona.trial.dryrun.observe import Ledger, Observer
+from canzona.trial.dryrun.report import expected_bytes
+
+STEPS = 2
+
+
+class PhaseTimer(StepTimer):
+    """The runtime's step timer on the host clock; its phases also name the ledger's phase, so
+    every allocation is booked to the phase of the program that made it."""
+
+    def __init__(self, ledger: Ledger):
+        self._ledger = ledger
+        super().__init__("cpu")
+
+    @contextlib.contextmanager
+    def phase(self, name: str, label: str | None = None) -> Iterator[None]:
+        with self._ledger.phase(name), super().phase(name, label):
+            yield
+
+
+def run_rank(cfg: TrialConfig, rank: int) -> dict[str, Any]:
+    """Run rank ``rank`` of ``cfg``'s job on fake CUDA; its result for the report (raises on any
+    violation: the caller reports it as this rank's error)."""
+    emulate_queries()
+    torch.set_num_threads(1)  # fake tensors compute nothing
+    dist.init_process_group("fake", rank=rank, world_size=cfg.world_size, store=FakeStore())
+    dist_rules.install()
+    try:
+        ctx = init_parallel(cfg.parallel.tp, "cuda", cfg.dist.timeout_s)
+        return _run(cfg, rank, ctx)
+    finally:
+        dist_rules.uninstall()
+        destroy_parallel()
+
+
+def _run(cfg: TrialConfig, rank: int, ctx) -> dict[str, Any]:
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    plan = make_plan(cfg, device="cuda")
+    program = lower(plan, [rank])[0]
+    mcfg = cfg.model_cfg()
+    dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
+    batches = [synthetic_batch(mcfg, cfg.train.micro_batch, cfg.train.seq_len, cfg.train.seed, s, ctx.dp_rank, ctx.dp)
+               for s in range(STEPS)]
+    groups = {"dp": ctx.dp_group, "tp": ctx.tp_group, "world": dist.distributed_c10d._get_default_group()}
+    observer = Observer(groups)
+    ledger = observer.ledger
+    checks: list[str] = []
+    with FakeTensorMode() as mode, DeviceFunctions(), observer:
+        with ledger.phase("build"):
+            model = build_model(mcfg, device=ctx.device, seed=cfg.train.seed, dtype=dtype)
+        seconds["build"] = time.perf_counter() - t0
+        runtime = Runtime(model, plan, program, cfg.optimizer, ctx)
+        for role, tensors in runtime.tensors_by_role().items():
+            ledger.label(tensors, role)
+        timer = PhaseTimer(ledger)
+        for step in range(STEPS):
+            t1 = time.perf_counter()
+            ledger.iteration = step + 1
+            observer.collectives.tally.clear()
+            with ledger.phase("input"):
+                tokens, labels = (mode.from_tensor(t).to(ctx.device) for t in batches[step])
+            timer.reset()
+            runtime.iteration(tokens, labels, timer)
+            timer.finish()
+            checks += [f"iteration {step + 1}: {p}" for p in compare_recorded(program, runtime.bytes_by_tag())]
+            seconds[f"iteration {step + 1}"] = time.perf_counter() - t1
+        collectives = observer.collectives.summary()
+        executor = runtime.bytes_by_tag()
+        with ledger.phase("drain"):
+            runtime.finish(timer)
+        for role, tensors in runtime.tensors_by_role().items():  # the optimizer state exists now
+            ledger.label(tensors, role)
+    at_peak = ledger.breakdown(ledger.peak_event)
+    return {
+        "rank": rank, "dp_rank": ctx.dp_rank, "tp_rank": ctx.tp_rank,
+        "memory": {
+            "peak_bytes": ledger.peak, "peak_phase": ledger.peak_where[0], "peak_iteration": ledger.peak_where[1],
+            "at_peak": at_peak, "after_run": ledger.breakdown(),
+            "phase_peaks": [{"iteration": it, "phase": ph, "bytes": b} for (it, ph), b in ledger.phase_peaks.items()],
+        },
+        "expected": expected_bytes(plan, program, cfg.optimizer),
+        "program_check": checks,
+        "executor_calls": executor,
+        "collectives": collectives,
+        "seconds": {k: round(v, 2) for k, v in seconds.items()},
+    }

@@ -1,0 +1,73 @@
+"""A dry-run rank's process: ``python -m canzona.trial.dryrun.worker SPEC.json RESULT.json``.
+
+SPEC holds ``{"library": path or null, "config": TrialConfig dict, "rank": int}``. The fake
+CUDA device is loaded before anything imports torch (`canzona.trial.dryrun.fakecuda.preload`:
+that is why each rank runs in a fresh process), then `execute.run_rank` runs the rank. RESULT
+gets ``{"ok": true, "result": {...}}``, or ``{"ok": false, "error": "<one line>"}`` naming the
+rank, the exception and the innermost harness frame; the exit status is 0 or 1.
+
+Test hook: ``CANZONA_DRYRUN_SETUP=FILE.py:FUNCTION`` calls that function (no arguments) after
+the imports and before the rank runs, e.g. to plant a violation the dry run must report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from canzona.trial.dryrun import fakecuda
+
+SETUP_ENV = "CANZONA_DRYRUN_SETUP"
+
+
+def describe(rank: int, tp: int, e: BaseException) -> str:
+    """One line: the rank, what went wrong and where in the harness."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if ("/canzona/" in f.filename or "/baselines/" in f.filename)
+              and "/trial/dryrun/" not in f.filename and not f.filename.endswith("dist_rules.py")]
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = f" (at {Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} in {f.name})"
+    return f"rank {rank} (dp {rank // tp}, tp {rank % tp}): {type(e).__name__}: {first}{where}"
+
+
+def _setup_hook() -> None:
+    spec = os.environ.get(SETUP_ENV)
+    if not spec:
+        return
+    import importlib.util
+
+    path, _, name = spec.rpartition(":")
+    module_spec = importlib.util.spec_from_file_location("canzona_dryrun_setup", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    getattr(module, name)()
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    rank = spec["rank"]
+    tp = spec["config"]["parallel"]["tp"]
+    try:
+        fakecuda.preload(spec["library"])
+        from canzona.config import load_config
+        from canzona.trial.dryrun.execute import run_rank
+
+        cfg = load_config(base=spec["config"])
+        _setup_hook()
+        out = {"ok": True, "result": run_rank(cfg, rank)}
+        code = 0
+    except Exception as e:  # noqa: BLE001 - every failure of the rank is its dry-run error
+        traceback.print_exc()
+        out, code = {"ok": False, "error": describe(rank, tp, e)}, 1
+    Path(argv[1]).write_text(json.dumps(out))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
