@@ -16,6 +16,7 @@ from canzona.config import dry_run_ranks, load_config
 from canzona.errors import ConfigError
 from canzona.plan.methods import make_plan
 from canzona.program.lower import lower
+from canzona.trial.dryrun import dry_run_trial
 from canzona.trial.dryrun.observe import CollectiveError, Observer, _check_sizes
 from canzona.trial.dryrun.report import GIB, build_report, expected_bytes, format_table, write_report
 
@@ -45,6 +46,8 @@ def test_dry_run_keys_are_validated_only_for_a_dry_run() -> None:
         load_config([*SMALL, "dist.dry_run=true", "dist.device=cpu"])
     with pytest.raises(ConfigError, match=r"dist.dry_run_memory_gb=-1.0 must be a positive"):
         load_config([*SMALL, "dist.dry_run=true", "dist.dry_run_memory_gb=-1"])
+    with pytest.raises(ConfigError, match=r"dist.device=cpu is not allowed"):  # the API checks the same
+        dry_run_trial(load_config([*SMALL, "dist.device=cpu"]), "first")
 
 
 def test_cli_refuses_a_bad_rank_and_writes_nothing(tmp_path: Path) -> None:

@@ -115,6 +115,7 @@ def _run(cfg: TrialConfig, rank: int, ctx) -> dict[str, Any]:
     at_peak = ledger.breakdown(ledger.peak_event)
     return {
         "rank": rank, "dp_rank": ctx.dp_rank, "tp_rank": ctx.tp_rank,
+        "backends": {"dp": dist.get_backend(ctx.dp_group), "tp": dist.get_backend(ctx.tp_group)},
         "memory": {
             "peak_bytes": ledger.peak, "peak_phase": ledger.peak_where[0], "peak_iteration": ledger.peak_where[1],
             "at_peak": at_peak, "after_run": ledger.breakdown(),

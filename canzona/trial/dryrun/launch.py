@@ -12,11 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from canzona.config import TrialConfig, dry_run_ranks
+from canzona.config import TrialConfig, dry_run_ranks, load_config
 from canzona.trial.dryrun import fakecuda
 from canzona.trial.dryrun.report import build_report, write_report
 
 _REPO = Path(__file__).resolve().parents[3]
+MAX_WORKERS = 16
 
 
 def dry_run_trial(cfg: TrialConfig, ranks: list[int] | str | None = None, out: str | os.PathLike | None = None,
@@ -24,13 +25,16 @@ def dry_run_trial(cfg: TrialConfig, ranks: list[int] | str | None = None, out: s
     """Dry-run ``ranks`` (default ``dist.dry_run_ranks``) of ``cfg``'s job; the report dict
     (`canzona.trial.dryrun.report.build_report`). With ``out``, ``dryrun.json`` and
     ``dryrun.txt`` are written there -- only when ``report["errors"]`` is empty. ``workers``
-    ranks run at once (default: one per core). ConfigError for ranks the job does not have."""
+    ranks run at once (default: one per core, at most `MAX_WORKERS`; a worker takes about
+    0.5 GB). ConfigError for what a dry run refuses (ranks the job does not have, ...), as
+    with ``dist.dry_run=true`` on the command line."""
     t0 = time.perf_counter()
     chosen = dry_run_ranks(cfg.dist.dry_run_ranks if ranks is None else ranks, cfg.world_size)
-    library = fakecuda.ensure_built()
     config = cfg.to_dict()
-    config["dist"]["dry_run_ranks"] = ",".join(map(str, chosen))
-    n = max(1, min(len(chosen), workers or os.cpu_count() or 1))
+    config["dist"].update(dry_run=True, dry_run_ranks=",".join(map(str, chosen)))
+    cfg = load_config(base=config)
+    library = fakecuda.ensure_built()
+    n = max(1, min(len(chosen), workers or min(os.cpu_count() or 1, MAX_WORKERS)))
     with tempfile.TemporaryDirectory(prefix="canzona-dryrun-") as tmp:
         with ThreadPoolExecutor(n) as pool:
             done = list(pool.map(lambda r: _run_worker(Path(tmp), library, config, r), chosen))
@@ -45,9 +49,10 @@ def dry_run_trial(cfg: TrialConfig, ranks: list[int] | str | None = None, out: s
 def _run_worker(tmp: Path, library: Path | None, config: dict[str, Any], rank: int) -> dict[str, Any]:
     spec, result = tmp / f"rank{rank}.json", tmp / f"rank{rank}.out.json"
     spec.write_text(json.dumps({"library": str(library) if library else None, "config": config, "rank": rank}))
+    # the worker imports this checkout's canzona, whatever the caller's folder or installed copy
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(_REPO), os.environ.get("PYTHONPATH"))))}
     done = subprocess.run([sys.executable, "-m", "canzona.trial.dryrun.worker", str(spec), str(result)],
-                          capture_output=True, text=True, env=env)
+                          capture_output=True, text=True, env=env, cwd=_REPO)
     if result.exists():
         return json.loads(result.read_text())
     tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
