@@ -13,7 +13,8 @@ but three things a rank does on a real GPU have no fake counterpart:
   above any ``optimizer.clip_grad``, so clipping takes the branch that scales the gradients);
 - **fused kernels chosen at run time**: ``F.scaled_dot_product_attention`` picks its kernel from
   the device, and on a fake tensor torch falls back to the math path, which materialises the
-  [batch, heads, seq, seq] score matrix in fp32 (17 GiB for Qwen3-32B at 4096 tokens). On an
+  [batch, heads, seq, seq] score matrix in fp32 (512 MiB a layer for a Qwen3-32B rank at TP 8
+  and 4096 tokens, kept for backward). On an
   sm80+ GPU torch runs FlashAttention for these bf16 shapes (memory-efficient attention for
   fp32), which keeps only the output and the log-sum-exp for backward; `DeviceFunctions` calls
   that kernel's op, whose fake implementation and autograd formula torch provides, so the

@@ -17,9 +17,9 @@ initialisation. `preload` does that in a fresh process; nothing else in a proces
 may use real CUDA. ``torch.cuda.is_available()`` stays False.
 
 The library is compiled once per torch version with the system C++ compiler (``$CXX``, else
-``c++``) against torch's headers, into ``~/.cache/canzona`` (``$XDG_CACHE_HOME`` respected), in
-a second or so of g++ time per translation unit. On a torch built with CUDA none of this is
-needed (torch's own guard and hooks are present) and `preload` loads nothing.
+``c++``) against torch's headers, into ``~/.cache/canzona`` (``$XDG_CACHE_HOME`` respected): a
+few seconds, once. On a torch built with CUDA none of this is needed (torch's own guard and
+hooks are present: a dry run there uses them) and `preload` loads nothing.
 
 This module imports no torch at import time: the worker imports it before torch.
 """
