@@ -35,12 +35,15 @@ BASELINES = ("sync", "layerwise")
 METRICS = ("iteration_ms", "optimizer_step_ms")
 # trial settings that shape a projection, listed with its inputs
 SHAPING_KEYS = ("dist.dp_collective", "optimizer.ns_dtype", "train.micro_batch", "train.seq_len",
-                "bucket.size", "canzona.pipeline_depth", "canzona.cost", "dist.overlap_grad_reduce")
+                "bucket.size", "canzona.pipeline_depth", "canzona.cost", "dist.overlap_grad_reduce",
+                "dist.overlap_param_gather", "train.dtype", "optimizer.clip_grad")
 SYNC_NOTE = (
-    "Our sync baseline is maximally redundant: every DP and TP rank gathers every full gradient and "
-    "recomputes every matrix's update (its planned imbalance is about dp × tp). The paper's synchronous "
-    "baseline may be less redundant, so the projected speedups over sync are expected to lie above the "
-    "paper's; layerwise (whole matrices dealt over DP, duplicated over TP) is the more conservative comparison."
+    "The sync baseline is the authors' fully synchronous run: plain DDP, every DP rank computes every "
+    "matrix's update and every TP rank all-gathers and recomputes it (planned imbalance about dp × tp). "
+    "A projected ratio is one iteration of one micro-batch per rank on the profile's device: with gradient "
+    "accumulation (several micro-batches per iteration, as large-batch training runs) forward and backward "
+    "grow and the iteration speedup over sync shrinks toward the optimizer step's share; the assumptions "
+    "below list everything the projection includes."
 )
 
 

@@ -1,4 +1,4 @@
-"""Aggregations over a loaded sweep (DESIGN.md §6).
+"""Aggregations over a loaded sweep (docs/design.md §6).
 
 Definitions used everywhere (and stated in the report):
 
@@ -17,7 +17,7 @@ Definitions used everywhere (and stated in the report):
 - **Imbalance** (planned and measured) = max over ranks ÷ mean over ranks of the per-rank load:
   planned = summary.json ``plan.ranks[*].compute`` (or the steps' ``compute_load``), measured =
   the per-rank median over measured steps of ``compute_ms``. The planner's own
-  ``plan.imbalance.compute`` (DESIGN.md §2: against work counted once) is reported beside it.
+  ``plan.imbalance.compute`` (docs/design.md §2: against work counted once) is reported beside it.
 - **Phases**: per step the mean over ranks of each phase's milliseconds, then the median over
   steps; ``other`` is what of ``iteration_ms`` the phases leave unexplained (never negative).
 """

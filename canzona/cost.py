@@ -1,6 +1,6 @@
 """Cost models: the work of one parameter's optimizer update, on the FULL (unsharded) tensor.
 
-Three interchangeable models (DESIGN.md §2):
+Three interchangeable models (docs/design.md §2):
 - ``numel``: the linear proxy every ZeRO implementation balances on.
 - ``flops``: analytic floating-point operation counts, from each optimizer's module
   (`canzona.optim.registry`), refreshes amortised over their interval, preconditioner blocking

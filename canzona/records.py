@@ -37,7 +37,7 @@ STEP_FIELDS = (
     "backward_ms",  # includes reduction work issued from hooks that overlapped backward
     "grad_reduce_ms",  # exposed (not hidden behind backward) gradient reduction
     "clip_grad_ms",  # gradient-norm clipping inside the optimizer step: local norm, its all-reduce, scaling
-    "optimizer_step_ms",  # DESIGN.md §6: grads reduced -> every owned param updated
+    "optimizer_step_ms",  # docs/design.md §6: grads reduced -> every owned param updated
     "gather_ms",  # packing and issuing TP gathers to owners (baselines: the whole TP all-gather)
     "compute_ms",  # owner optimizer maths
     "scatter_ms",  # packing and issuing TP scatters back to shard holders

@@ -4,6 +4,7 @@ the cost model, micro-groups, buckets, per-rank loads and how long planning took
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from canzona.plan.critical_path import critical_path
@@ -21,4 +22,5 @@ def plan_record(plan, metrics) -> dict[str, Any]:
         "micro_groups": [len(g) for g in plan.micro_groups],
         "buckets": len(plan.layout.buckets),
         "plan_seconds": plan.plan_seconds,
+        "execution": asdict(plan.execution),  # dtype (and why), clipping, overlaps, collective, device
     }

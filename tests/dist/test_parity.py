@@ -1,5 +1,5 @@
-"""Every method × optimizer × layout reproduces the single-process optimizer (DESIGN §3.3 in
-docs/design.md), and the executor makes exactly the calls its program lists.
+"""Every method × optimizer × layout reproduces the single-process optimizer (docs/design.md
+§3.3), and the executor makes exactly the calls its program lists.
 
 Step parity: each DP rank is fed its *own* full gradients (rank-dependent, so a reduction that
 did nothing would fail) for 3 steps; the reference optimizer gets their DP average. The
