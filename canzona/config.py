@@ -94,6 +94,9 @@ class TrainSection:
     warmup: int = 2
     seed: int = 1234
     micro_batch: int = 2
+    # Micro-batches per iteration (Megatron's gradient accumulation: the global batch is
+    # dp x grad_accum x micro_batch sequences; gradients are reduced once, after the last one).
+    grad_accum: int = 1
     seq_len: int = 64
     fail_on_rank: int | None = None  # test hook: this rank raises at step `fail_at_step`
     fail_at_step: int = 0
@@ -161,6 +164,8 @@ def validate(cfg: TrialConfig) -> TrialConfig:
         raise ConfigError(f"parallel.dp={cfg.parallel.dp} must be a positive integer")
     if cfg.bucket.size is not None and cfg.bucket.size < 1:
         raise ConfigError(f"bucket.size={cfg.bucket.size} must be a positive number of elements")
+    if cfg.train.grad_accum < 1:
+        raise ConfigError(f"train.grad_accum={cfg.train.grad_accum} must be a positive number of micro-batches")
     if cfg.train.steps < 1 or cfg.train.warmup < 0:
         raise ConfigError(f"train.steps={cfg.train.steps} must be >= 1 and train.warmup={cfg.train.warmup} >= 0")
     check_tp(cfg.model_cfg(), cfg.parallel.tp)

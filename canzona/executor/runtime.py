@@ -72,10 +72,13 @@ class Runtime:
         self.results: dict[str, Any] = {}
         self.computed: set[int] = set()  # matrices whose full update this rank computed
         self.loss: torch.Tensor | None = None
-        self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._batches: list = []
+        self._losses: list[torch.Tensor] = []
         self._timer = None
-        backward = next((a for a in program.actions if isinstance(a, Backward)), None)
-        self._backward_index = program.actions.index(backward) if backward is not None else -1
+        backwards = [k for k, a in enumerate(program.actions) if isinstance(a, Backward)]
+        self._backward_index = backwards[-1] if backwards else -1
+        backward = program.actions[self._backward_index] if backwards else None
+        self._micro = sum(isinstance(a, Forward) for a in program.actions)
         self._hooks = {h.bucket: h.issue for h in backward.hooks} if backward is not None else {}
         partial = {i for i, _ in backward.tp_partial} if backward is not None else set()
         self.buffers.install_hooks(self._bucket_ready if self._hooks else None,
@@ -120,12 +123,15 @@ class Runtime:
             self._issue(w.then)
 
     # ------------------------------------------------------------------ running
-    def iteration(self, tokens: torch.Tensor, labels: torch.Tensor, timer) -> torch.Tensor:
-        """One training iteration; returns this rank's loss."""
-        self._batch = (tokens, labels)
+    def iteration(self, batches, timer) -> torch.Tensor:
+        """One training iteration over ``batches`` (one ``(tokens, labels)`` per micro-batch);
+        returns this rank's mean loss."""
+        batches = [batches] if isinstance(batches, tuple) else list(batches)
+        if len(batches) != self._micro:
+            raise ValueError(f"the program runs {self._micro} micro-batches per iteration, got {len(batches)}")
+        self._batches, self._losses = batches, []
         self.run(self.program.actions, timer)
-        assert self.loss is not None
-        return self.loss
+        return torch.stack([x.detach().float() for x in self._losses]).mean()
 
     def run(self, actions, timer) -> None:
         self._timer = timer
@@ -230,14 +236,19 @@ class Runtime:
 
     def _do(self, a, timer) -> None:
         if isinstance(a, Forward):
-            self._start()
-            tokens, labels = self._batch
+            if a.micro == 0:
+                self._start()
+            tokens, labels = self._batches[a.micro]
             with timer.phase(a.phase):
                 self.loss = self.model(tokens, labels)
+            self._losses.append(self.loss)
         elif isinstance(a, Backward):
+            self.buffers.arm(a.last)
             with timer.phase(a.phase):
-                self.loss.backward()
-            self.buffers.check_complete()
+                # the mean over micro-batches, as Megatron scales each micro-batch's loss
+                (self.loss / self._micro if self._micro > 1 else self.loss).backward()
+            if a.last:
+                self.buffers.check_complete()
         elif isinstance(a, COMM_TYPES):
             with timer.phase(a.phase, a.tag):
                 self._issue(a)

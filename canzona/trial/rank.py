@@ -98,14 +98,16 @@ def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> lis
     timer = StepTimer(ctx.device)
     rows: list[dict[str, Any]] = []
     for step in range(cfg.train.warmup + cfg.train.steps):
-        tokens, labels = synthetic_batch(
-            mcfg, cfg.train.micro_batch, cfg.train.seq_len, cfg.train.seed, step, ctx.dp_rank, ctx.dp
-        )
-        tokens, labels = tokens.to(ctx.device), labels.to(ctx.device)
+        k = cfg.train.grad_accum  # micro-batch m of DP rank d is sample block d·k + m of the global batch
+        batches = [
+            tuple(t.to(ctx.device) for t in synthetic_batch(
+                mcfg, cfg.train.micro_batch, cfg.train.seq_len, cfg.train.seed, step, ctx.dp_rank * k + m, ctx.dp * k))
+            for m in range(k)
+        ]
         if cfg.train.fail_on_rank == ctx.rank and step == cfg.train.fail_at_step:
             raise RuntimeError(f"injected failure on rank {ctx.rank} at step {step} (train.fail_on_rank)")
         timer.reset()
-        loss = runtime.iteration(tokens, labels, timer)
+        loss = runtime.iteration(batches, timer)
         timer.mark("end")
         timer.finish()
         global_loss = loss.detach().float()
