@@ -45,6 +45,8 @@ STEP_FIELDS = (
     "param_sync_ms",  # exposed DP parameter all-gather: the wait after the step, or (overlapped) the
     #                   waits in the next forward's pre-hooks
     "wait_ms",  # blocked on in-flight TP gathers/scatters of the micro-group pipeline
+    "param_gather_ms",  # the parameter all-gathers' own time, issue to completion (null where the backend
+    #                     reports no completion), whether or not it was hidden behind the forward
     "compute_load",  # planned optimizer compute load of this rank (cost-model units)
     "loss",
 )

@@ -87,6 +87,14 @@ class Runtime:
         forward = program.actions[0] if program.actions and isinstance(program.actions[0], Forward) else None
         self._install_gather_waits(forward.waits if forward is not None else ())
 
+    def _gather_done(self, pend: Pending) -> None:
+        """Add a parameter gather's own duration (issue to completion) to this iteration's."""
+        ms = pend.duration_ms()
+        if ms is not None and self.param_gather_ms is not None:
+            self.param_gather_ms += ms
+        else:
+            self.param_gather_ms = None
+
     def _partial_grad(self, i: int, grad: torch.Tensor) -> torch.Tensor:
         """A replicated param's partial gradient (q/k-norm) summed over TP, in fp32 as Megatron
         sums such gradients on its fp32 main grads."""
@@ -119,6 +127,7 @@ class Runtime:
         pend = self.pending.pop(w.tag, None)
         if pend is not None:
             pend.wait()
+            self._gather_done(pend)
         if w.then is not None:
             self._issue(w.then)
 
@@ -178,6 +187,7 @@ class Runtime:
 
     # ------------------------------------------------------------------ actions
     def _start(self) -> None:
+        self.param_gather_ms: float | None = 0.0
         self.buffers.start_step()
         self.recorder.reset()
         self.results = {}
@@ -257,6 +267,8 @@ class Runtime:
                 for tag in a.tags:
                     pend = self.pending.pop(tag)
                     self.results[tag] = pend.wait()
+                    if a.phase == "param_sync":
+                        self._gather_done(pend)
         elif isinstance(a, Mark):
             if a.name == "step_start":
                 self.steps += 1

@@ -131,6 +131,17 @@ class ProgramSim:
             return Handle(tag, self.tl.cpu[r], self.tl.cpu[r])
         return self.handles.get(self._key(r, comm, it))
 
+    def gather_ms(self, r: int) -> float:
+        """The measured iteration's parameter all-gathers' own time on rank r (start to end)."""
+        total = 0.0
+        for comm in self.comms[r].values():
+            if comm.phase != "param_sync":
+                continue
+            h = self.handles.get(self._key(r, comm)) or self.handles.get(self._key(r, comm, self.it - 1))
+            if h is not None:
+                total += h.end - h.start
+        return total * 1e3
+
     def _finish(self, r: int, tag: str) -> None:
         """Host work after a wait: the copy-out of what the collective brought."""
         comm = self.comms[r][tag]

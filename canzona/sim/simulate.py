@@ -155,7 +155,7 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
             "step": 0, "measured": True, "rank": r, "dp_rank": d, "tp_rank": t,
             "iteration_ms": iter_ms[r], "optimizer_step_ms": step_ms[r],
             **{f"{p}_ms": ph.get(p, 0.0) for p in PHASES},
-            "compute_load": float(metrics.compute[d, t]), "loss": None,
+            "compute_load": float(metrics.compute[d, t]), "loss": None, "param_gather_ms": sim.gather_ms(r),
             "events": tl.rank_events(r) if r in keep else [],
         })
     phases_max = {p: max(row[f"{p}_ms"] for row in rows) for p in PHASES}

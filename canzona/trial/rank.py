@@ -118,6 +118,7 @@ def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> lis
             "optimizer_step_ms": timer.between("step_start", "step_end"),
             "compute_load": planned, "loss": float(global_loss) / ctx.dp,
             **{f"{p}_ms": timer.ms.get(p, 0.0) for p in PHASES},
+            "param_gather_ms": runtime.param_gather_ms,
             "comm_bytes": runtime.bytes_by_tag(),
             "events": timer.events,
         })
