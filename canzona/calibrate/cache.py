@@ -150,7 +150,7 @@ def ensure(kind: str, threads: int, needs: Iterable[Need], directory: str | None
     try:
         with FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S):
             data = _read(path, ident, say)  # another process may have written it meanwhile
-            missing = _missing(data, needs) if data is not None else _missing({}, needs)
+            missing = _missing(data or {}, needs)
             if data is not None and not missing:
                 _announce(say, "reused", path, data)
                 return _calibration(path, data), []
@@ -158,8 +158,8 @@ def ensure(kind: str, threads: int, needs: Iterable[Need], directory: str | None
             data = _measure(kind, threads, ident, data, missing)
             _write(path, data)
     except Timeout:
-        raise ConfigError(f"the calibration cache {path} stayed locked for {LOCK_TIMEOUT_S:.0f} s "
-                          f"(remove {path}.lock if no canzona process is running)") from None
+        raise ConfigError(f"the calibration cache {path} stayed locked for {LOCK_TIMEOUT_S:.0f} s: another "
+                          "process is timing into it (a lock dies with its process)") from None
     _announce(say, status, path, data, len(missing))
     return _calibration(path, data), [f"{key} {s[0]}x{s[1]}" for key, _, _, s in missing]
 
@@ -292,6 +292,8 @@ def _measure(kind: str, threads: int, ident: Identity, data: dict[str, Any] | No
         return data
     finally:
         torch.set_num_threads(before)
+        if kind == "cuda":  # the launcher's GPU is rank 0's too: hand the probes' memory back
+            torch.cuda.empty_cache()
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
