@@ -146,8 +146,8 @@ def ensure(kind: str, threads: int, needs: Iterable[Need], directory: str | None
         return _calibration(path, data), []
     from filelock import FileLock, Timeout
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S):
             data = _read(path, ident, say)  # another process may have written it meanwhile
             missing = _missing(data or {}, needs)
@@ -160,6 +160,9 @@ def ensure(kind: str, threads: int, needs: Iterable[Need], directory: str | None
     except Timeout:
         raise ConfigError(f"the calibration cache {path} stayed locked for {LOCK_TIMEOUT_S:.0f} s: another "
                           "process is timing into it (a lock dies with its process)") from None
+    except OSError as e:
+        raise ConfigError(f"the calibration cache cannot be written at {path.parent} ({e.strerror or e}); set "
+                          f"{ENV} or canzona.cost_cache to a writable folder") from None
     _announce(say, status, path, data, len(missing))
     return _calibration(path, data), [f"{key} {s[0]}x{s[1]}" for key, _, _, s in missing]
 

@@ -137,6 +137,14 @@ def test_corrupt_or_foreign_cache_is_set_aside_and_taken_anew(cache_dir: Path) -
     assert calibration.identity == this_device("cpu", 1).as_dict()
 
 
+def test_an_unwritable_cache_folder_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    cfg = load_config([*TINY, f"canzona.cost_cache={tmp_path / 'file' / 'cache'}"])
+    with pytest.raises(ConfigError, match="cannot be written at .*canzona.cost_cache") as e:
+        make_plan(cfg)
+    assert "\n" not in str(e.value)
+
+
 def test_explicit_profiles_are_refused_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("updates: [unclosed\n")
