@@ -69,6 +69,9 @@ class Plan:
     micro_groups: tuple[tuple[MicroGroup, ...], ...]
     plan_seconds: float = 0.0
     execution: Execution = Execution()
+    # Where the costs came from (`canzona.cost`): "measured: <calibration cache> (host, device,
+    # torch, date)", "roofline: profiles/h100.yaml", ...
+    cost_source: str = ""
 
     @property
     def dp(self) -> int:

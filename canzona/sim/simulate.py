@@ -48,10 +48,13 @@ def simulate(cfg: TrialConfig, profile: Any, plan: Plan | None = None) -> Progra
     step only the ranks with work compete for the cores, so the step is simulated a second time
     with the ratio of its mean number of busy ranks (from the first pass) to the cores.
     """
+    from canzona.cost import select_cost_model
     from canzona.plan.methods import make_plan
 
     prof = load_profile(profile)
-    plan = plan if plan is not None else make_plan(cfg, device=str(prof.device.get("kind", "cpu")))
+    if plan is None:  # planned for the profile's device, with its roofline where it is not this machine's
+        kind = str(prof.device.get("kind", "cpu"))
+        plan = make_plan(cfg, device=kind, cost_model=select_cost_model(cfg, kind, profile=prof))
     programs = lower(plan)
     scale, threads, cores = oversubscription(cfg, prof)
     sim = ProgramSim(cfg, plan, programs, prof, scale, scale)

@@ -41,6 +41,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
     from canzona.plan.methods import make_plan
     from canzona.program.count import count_programs
     from canzona.program.lower import lower
+    from canzona.trial.costs import shared_cost_model
     from canzona.trial.output import atomic_torch_save, write_records
     from canzona.trial.summary import peak_memory_mb, program_check, summarise
 
@@ -50,7 +51,9 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
     kind = device_kind(cfg)
     ctx = init_parallel(cfg.parallel.tp, kind, cfg.dist.timeout_s)
     try:
-        plan = make_plan(cfg, device=kind)
+        # rank 0's costs on every rank (its calibration, broadcast): every rank plans alike
+        costs = shared_cost_model(cfg, kind, ctx.rank, torch.get_num_threads())
+        plan = make_plan(cfg, device=kind, cost_model=costs)
         programs = lower(plan)
         metrics = count_programs(plan, programs)
         dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
