@@ -365,8 +365,10 @@ def test_critical_path_reproduces_issue_10_figures(tp: int, dp: int, expect_glob
 @pytest.mark.parametrize("dp", [8, 16, 32, 64])
 def test_default_plan_meets_issue_10_critical_path_bound(model: str, tp: int, dp: int) -> None:
     """Issue 10's acceptance: critical path <= max(1.10, 1.02 x lower bound); groups of at least
-    T matrices keep every TP rank busy; every matrix owned once, owners consistent with groups."""
-    plan = plan_for(f"model={model}", f"parallel.dp={dp}", f"parallel.tp={tp}")
+    T matrices keep every TP rank busy; every matrix owned once, owners consistent with groups.
+    Planned for the GPU cluster these layouts are for (the default cost there: the h100 roofline),
+    so the check does not depend on the CPU the tests run on."""
+    plan = plan_for(f"model={model}", f"parallel.dp={dp}", f"parallel.tp={tp}", "dist.device=cuda")
     metrics = compute_metrics(plan)
     path = critical_path(plan, metrics.compute)
     assert path.imbalance <= max(1.10, 1.02 * path.lower_bound)
