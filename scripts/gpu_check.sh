@@ -23,11 +23,11 @@ run() {  # run NAME SECONDS CMD...: log the command's output and its exit code, 
 }
 run versions 60 python3 -c "import torch, megatron.core, omegaconf; print(torch.__version__, torch.version.cuda, \
 torch.cuda.get_device_name(), torch.cuda.device_count())"
-run pytest-gpu 420 python3 -m pytest -p no:cacheprovider -o addopts= -m gpu -q -rs \
-  tests/dist/test_gpu.py tests/unit/test_timing.py tests/unit/test_calibrate.py
-run calibrate 240 python3 -m canzona.calibrate "out=$OUT/h200-calibrated.yaml" device=cuda quick=true
+run pytest-gpu 240 python3 -m pytest -p no:cacheprovider -o addopts= -m gpu -q -rs --timeout=200 \
+  tests/dist/test_gpu.py tests/unit/test_timing.py
+run calibrate 150 python3 -m canzona.calibrate "out=$OUT/h200-calibrated.yaml" device=cuda quick=true
 for m in canzona sync layerwise adamw; do
-  run "trial-$m" 180 python3 -m canzona.run model=qwen3-8b model.width_div=4 model.num_layers=4 method=$m \
+  run "trial-$m" 75 python3 -m canzona.run model=qwen3-8b model.width_div=4 model.num_layers=4 method=$m \
     dist.device=cuda train.steps=10 train.warmup=3 train.micro_batch=4 train.seq_len=1024 "out=/tmp/gpu_trials/$m"
 done
 python3 - "$OUT/trials.json" <<'PY' >>"$LOG" 2>&1

@@ -107,3 +107,52 @@ def test_bf16_trial_on_cuda_records_what_ran(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert summary["plan"]["execution"]["dtype"] == "bfloat16"
+
+
+def _every_comm_worker(rank: int, world: int) -> dict:
+    """Every communication action the executor knows, with every uneven-shard implementation,
+    on NCCL and CUDA buffers (a one-rank group when only one GPU exists: the calls, the
+    coalescing manager and the copy-outs still run on the device)."""
+    from canzona.executor.comm import Communicator
+    from canzona.model.parallel import init_parallel
+    from canzona.program.actions import BucketGather, BucketReduce, TpAllGather, TpGather, TpScatter
+
+    ctx = init_parallel(1, "cuda", 120.0)
+    comm = Communicator(ctx.dp_group, ctx.tp_group, ctx.device)
+    n = 4096 * world
+    size = n // world
+    ranges = tuple((r * size, (r + 1) * size) for r in range(world))
+    done = []
+    for impl in ("even", "padded", "reduce_loop", "coalesced", "all_to_all"):
+        grad = torch.full((n,), float(rank + 1), device=ctx.device)
+        red = BucketReduce(f"rs {impl}", 0, 0, n, "reduce_scatter", impl, ranges, ctx.dp_rank, "float32", True, "backward")
+        comm.issue(red, grad, grad, {}, None, None, {}).wait()
+        lo, hi = ranges[ctx.dp_rank]
+        want = sum(range(1, world + 1)) / world
+        assert torch.allclose(grad[lo:hi], torch.full((hi - lo,), want, device=ctx.device)), impl
+        param = torch.zeros(n, dtype=torch.bfloat16, device=ctx.device)
+        param[lo:hi] = rank + 1
+        gat = BucketGather(f"ag {impl}", 0, "param", impl, ranges, ctx.dp_rank, "bfloat16", "param_sync")
+        comm.issue(gat, param, grad, {}, None, None, {}).wait()
+        for r, (a, b) in enumerate(ranges):
+            assert bool((param[a:b] == r + 1).all()), impl
+        done.append(impl)
+    mats = {0: torch.randn(64, 32, device=ctx.device), 1: torch.randn(32, 64, device=ctx.device)}
+    dims = {0: 0, 1: 1}
+    g = TpGather("g", (0, 1), (0, 0), (mats[0].numel(), mats[1].numel()), 0, 1, "float32")
+    fulls = comm.issue(g, None, None, {}, mats.__getitem__, None, dims).wait()
+    s = TpScatter("s", "c", (0, 1), (0, 0), (mats[0].numel(), mats[1].numel()), 0, 1, "float32")
+    shards = comm.issue(s, None, None, {"c": fulls}, mats.__getitem__, None, dims).wait()
+    a = TpAllGather("a", (0, 1), (mats[0].numel(), mats[1].numel()), 1, "float32")
+    gathered = comm.issue(a, None, None, {}, mats.__getitem__, None, dims).wait()
+    torch.cuda.synchronize()
+    assert all(torch.equal(shards[i], mats[i]) and torch.equal(gathered[i], mats[i]) for i in mats)
+    return {"impls": done, "calls": {t: len(c) for t, c in comm.recorder.calls.items()}}
+
+
+def test_every_collective_runs_on_nccl() -> None:
+    from util import run_ranks
+
+    world = min(2, torch.cuda.device_count())
+    res = run_ranks(_every_comm_worker, world, timeout_s=300)[0]
+    assert res["impls"] == ["even", "padded", "reduce_loop", "coalesced", "all_to_all"]
