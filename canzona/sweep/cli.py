@@ -25,7 +25,7 @@ from canzona.sweep.expand import build_plan
 from canzona.sweep.handles import JobHandle
 from canzona.sweep.jobshape import JobShape, slurm_shape
 from canzona.sweep.launch import make_backend, run_stamp, submitit_parameters
-from canzona.sweep.lock import hold_results
+from canzona.sweep.lock import ResultsLock
 from canzona.sweep.progress import Progress, fmt_duration, summary_table, table
 from canzona.sweep.project import project_trials, stale_trials
 from canzona.sweep.sbatch import write_sbatch_files
@@ -68,13 +68,17 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
             return list_sweeps(out, configs_dir)
         plan = build_plan(argv, configs_dir)
         check_environment(plan)
-        if plan.settings.dry_run:  # runs nothing, touches no record: no lock
-            return run_sweep(plan, out)
-        with hold_results(plan.results_dir, [sys.argv[0], *argv]):
-            return run_sweep(plan, out)
+        lock = None if plan.settings.dry_run else ResultsLock(plan.results_dir, [sys.argv[0], *argv])
+        if lock is not None:  # a dry run runs nothing and touches no record: no lock
+            lock.acquire()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        return run_sweep(plan, out)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def check_environment(plan: SweepPlan) -> None:

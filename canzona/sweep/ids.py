@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 
 from canzona.config import TrialConfig
-
-_RUN = re.compile(r"^(?P<trial>.+-[0-9a-f]{10})-r(?P<repeat>[0-9]+)$")
 
 
 def trial_id(cfg: TrialConfig) -> str:
@@ -34,11 +31,3 @@ def run_id(trial: str, repeat: int) -> str:
         raise ValueError(f"repeat={repeat} must be >= 1")
     return trial if repeat == 1 else f"{trial}-r{repeat}"
 
-
-def split_run_id(name: str) -> tuple[str, int]:
-    """A run folder's name -> (trial id, repetition); the inverse of `run_id` (a name that is
-    not a repetition folder is repetition 1 of a trial of that name)."""
-    m = _RUN.match(name)
-    if m is None:
-        return name, 1
-    return m.group("trial"), int(m.group("repeat"))

@@ -20,8 +20,7 @@ import os
 import shlex
 import socket
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -56,29 +55,43 @@ def describe_holder(folder: Path) -> str:
         return "a process that has not recorded itself yet"
 
 
-@contextmanager
-def hold_results(folder: Path, argv: Sequence[str] | None = None) -> Iterator[Path]:
-    """Hold ``folder`` (created if missing) for the duration of the ``with`` block.
+class ResultsLock:
+    """Exclusive hold of a results folder by this process: `acquire`, then `release` (or use
+    it as a context manager)."""
 
-    Raises `ConfigError` -- the CLI prints it and exits 2 -- if another process holds it; in
-    that case nothing is created or written."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)  # writes nothing when it exists: a held folder does
-    lock = FileLock(str(folder / LOCK_NAME), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise ConfigError(
-            f"results folder {folder} is in use by another sweep ({describe_holder(folder)}); "
-            "wait for it to end or choose another results=DIR"
-        ) from None
-    holder = folder / HOLDER_NAME
-    try:
-        atomic_write_json(holder, holder_record(argv))
-        yield folder
-    finally:
+    def __init__(self, folder: Path, argv: Sequence[str] | None = None) -> None:
+        self.folder = Path(folder)
+        self.argv = argv
+        self._lock: FileLock | None = None
+
+    def acquire(self) -> None:
+        """Take the folder (created if missing). Raises `ConfigError` -- the CLI prints it and
+        exits 2 -- if another process holds it; nothing is then created or written."""
+        self.folder.mkdir(parents=True, exist_ok=True)  # writes nothing when it exists: a held folder does
+        lock = FileLock(str(self.folder / LOCK_NAME), timeout=0)
         try:
-            holder.unlink()
+            lock.acquire()
+        except Timeout:
+            raise ConfigError(
+                f"results folder {self.folder} is in use by another sweep ({describe_holder(self.folder)}); "
+                "wait for it to end or choose another results=DIR"
+            ) from None
+        self._lock = lock
+        atomic_write_json(self.folder / HOLDER_NAME, holder_record(self.argv))
+
+    def release(self) -> None:
+        if self._lock is None:
+            return
+        try:
+            (self.folder / HOLDER_NAME).unlink()
         except OSError:
             pass
-        lock.release()
+        self._lock.release()
+        self._lock = None
+
+    def __enter__(self) -> ResultsLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

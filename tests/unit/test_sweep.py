@@ -18,7 +18,7 @@ from canzona.sweep import bookkeeping as bk
 from canzona.sweep.cli import build_report, main
 from canzona.sweep.expand import build_plan
 from canzona.sweep.handles import headline
-from canzona.sweep.ids import run_id, split_run_id, trial_id
+from canzona.sweep.ids import run_id, trial_id
 from canzona.sweep.keys import config_overrides, split_top_commas
 from canzona.sweep.launch import kill_descendants, parse_extra_sbatch
 from canzona.sweep.progress import Progress, summary_table
@@ -452,9 +452,9 @@ def test_repeats_interleave_the_methods_of_a_point(tmp_path):
     runs = p.runs()
     assert p.repeats == 3 and len(runs) == 3 * len(p.trials)
     assert len({r.id for r in runs}) == len(runs)
-    for r in runs:  # repetition 1 keeps the trial's folder; k > 1 gets a suffix; ids round-trip
+    for r in runs:  # repetition 1 keeps the trial's folder; k > 1 gets a suffix
         assert r.id == (r.trial.id if r.repeat == 1 else f"{r.trial.id}-r{r.repeat}")
-        assert split_run_id(r.id) == (r.trial.id, r.repeat) and run_id(r.trial.id, r.repeat) == r.id
+        assert run_id(r.trial.id, r.repeat) == r.id
         assert r.record() == {"trial_id": r.trial.id, "repeat": r.repeat, "repeats": 3}
 
     def point(r):
@@ -496,15 +496,15 @@ def test_dry_run_lists_every_run(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- results lock
 def test_results_lock_refuses_a_second_holder_and_names_the_first(tmp_path):
-    from canzona.sweep.lock import HOLDER_NAME, hold_results
+    from canzona.sweep.lock import HOLDER_NAME, ResultsLock
 
     folder = tmp_path / "results" / "s"
-    with hold_results(folder, ["sweeps/run.py", "sweep=s"]):
+    with ResultsLock(folder, ["sweeps/run.py", "sweep=s"]):
         holder = json.loads((folder / HOLDER_NAME).read_text())
         assert holder["command"].endswith("sweeps/run.py sweep=s") and holder["pid"] > 0
         before = sorted(p.name for p in folder.iterdir())
         with pytest.raises(ConfigError) as e:
-            with hold_results(folder, ["second"]):
+            with ResultsLock(folder, ["second"]):
                 pass
         msg = str(e.value)
         assert "in use by another sweep" in msg and f"pid {holder['pid']}" in msg and "sweep=s" in msg
@@ -512,7 +512,7 @@ def test_results_lock_refuses_a_second_holder_and_names_the_first(tmp_path):
     assert not (folder / HOLDER_NAME).exists()
     # a holder file left behind by a sweep that died does not block: the OS lock went with it
     (folder / HOLDER_NAME).write_text(json.dumps({"pid": 999999, "host": "gone", "started": "x", "command": "y"}))
-    with hold_results(folder, ["third"]):
+    with ResultsLock(folder, ["third"]):
         assert json.loads((folder / HOLDER_NAME).read_text())["command"].endswith("third")
 
 
