@@ -80,23 +80,28 @@ class SweepPlan:
         return 1 if self.settings.cluster == "simulate" else self.settings.repeats
 
     def runs(self) -> list[TrialRun]:
-        """Every run, in the order they are launched: repetition-major, and within a
-        repetition the trials of one point (same model, layout and training) back to back, their
-        order rotated by one every repetition.
+        """Every run, in the order they are launched: repetition by repetition; within one, the
+        trials of a point (same model, layout and training settings) back to back, those that
+        differ only in their method next to each other, in the plan's order in odd repetitions
+        and reversed in even ones (A B C, C B A, A B C, ...).
 
-        Load on a shared machine drifts over minutes; a method whose runs all fell in a slow
-        stretch would look slower than it is. Interleaved this way, the methods compared at a
-        point run close together in every repetition, so drift hits them alike, no method is
-        always first, and the spread across repetitions (which the report's intervals resample)
-        sees the drift instead of hiding it."""
+        Load on a shared machine drifts; a method whose runs all fell in a slow stretch would
+        look slower than it is. Run this way, the methods compared at a point run seconds
+        apart in every repetition, so drift hits them alike (and the report pairs their
+        repetitions); the reversal cancels a steady trend within a point and keeps any method
+        from always running first; and the spread across repetitions, which the report's
+        intervals resample, sees the drift instead of hiding it."""
         points: dict[str, list[SweepTrial]] = {}
         for t in self.trials:
             points.setdefault(_point_key(t.cfg), []).append(t)
+        for key, group in points.items():  # trials compared with one another: adjacent
+            rank = {c: i for i, c in enumerate(dict.fromkeys(_comparison_key(t.cfg) for t in group))}
+            points[key] = sorted(group, key=lambda t: rank[_comparison_key(t.cfg)])
         out = []
         for rep in range(1, self.repeats + 1):
             for group in points.values():
-                k = (rep - 1) % len(group)
-                out += [TrialRun(t, rep, self.repeats) for t in group[k:] + group[:k]]
+                order = group if rep % 2 else group[::-1]
+                out += [TrialRun(t, rep, self.repeats) for t in order]
         return out
 
     @property
@@ -129,6 +134,14 @@ class SweepPlan:
 def _point_key(cfg: TrialConfig) -> str:
     """What the methods compared at one point share: model, layout and training settings."""
     return repr((cfg.model, cfg.parallel, cfg.train))
+
+
+def _comparison_key(cfg: TrialConfig) -> str:
+    """A trial's config but for its method: trials equal in it are compared with one another."""
+    d = cfg.to_dict()
+    d.pop("method", None)
+    d.pop("out", None)
+    return repr(d)
 
 
 def sim_profile_label(profile: str) -> str:
