@@ -8,13 +8,20 @@ TP is "duplicated": every TP rank all-gathers each matrix and computes the same 
 
 from __future__ import annotations
 
-from canzona.config import TrialConfig
+from typing import TYPE_CHECKING
+
+from canzona.plan.common import common_inputs, matrix_rule_enabled
 from canzona.plan.dp import lpt
-from canzona.plan.methods import common_inputs, matrix_rule_enabled
 from canzona.plan.types import Plan
 
+if TYPE_CHECKING:
+    from canzona.config import TrialConfig
 
-def plan_layerwise(cfg: TrialConfig) -> Plan:
+NAME = "layerwise"
+SUMMARY = "whole params dealt to DP ranks by LPT on numel, all-reduce, padded param all-gather, duplicated TP"
+
+
+def plan(cfg: TrialConfig) -> Plan:
     params, layout, cost, cost_name = common_inputs(cfg)
     numel = [float(p.local_numel(cfg.parallel.tp)) for p in params]
     owner = lpt(numel, cfg.parallel.dp)

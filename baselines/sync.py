@@ -8,13 +8,20 @@ No parameter sync is needed afterwards: all replicas computed the same values.
 
 from __future__ import annotations
 
-from canzona.config import TrialConfig
+from typing import TYPE_CHECKING
+
 from canzona.plan import dp as dpmod
-from canzona.plan.methods import common_inputs, matrix_rule_enabled
+from canzona.plan.common import common_inputs, matrix_rule_enabled
 from canzona.plan.types import Plan
 
+if TYPE_CHECKING:
+    from canzona.config import TrialConfig
 
-def plan_sync(cfg: TrialConfig) -> Plan:
+NAME = "sync"
+SUMMARY = "every rank reduces every gradient and computes every update (DP all-reduce, TP all-gather)"
+
+
+def plan(cfg: TrialConfig) -> Plan:
     params, layout, cost, cost_name = common_inputs(cfg)
     n = len(params)
     zero1 = cfg.dist.sync_variant == "zero1_gather"

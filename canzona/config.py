@@ -15,15 +15,18 @@ from omegaconf import OmegaConf
 
 from canzona.errors import ConfigError
 from canzona.inventory import ModelConfig, check_tp, model_config
-from canzona.overrides import build, split_argv
+from canzona.optim import registry as optimizers
+from canzona.optim.section import OptimizerSection
+from canzona.overrides import Arguments, build, split_argv
+from canzona.plan.methods import METHODS
 
-METHODS = ("canzona", "sync", "layerwise", "adamw")
-OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
+OPTIMIZERS = optimizers.NAMES
 COSTS = ("numel", "flops", "measured")
-GROUPINGS = ("global", "slot", "single", "none")
-DP_COLLECTIVES = ("auto", "padded", "reduce_loop", "all_to_all")
+GROUPINGS = ("rounds", "global", "slot", "single", "none")
+DP_COLLECTIVES = ("auto", "padded", "reduce_loop", "coalesced", "all_to_all")
 SYNC_VARIANTS = ("all_reduce", "zero1_gather")
 DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "bf16", "fp32")
 
 
 @dataclass
@@ -45,7 +48,7 @@ class ParallelSection:
 class CanzonaSection:
     alpha: float = 1.0
     cost: str = "flops"
-    grouping: str = "global"
+    grouping: str = "rounds"
     # Micro-group capacity: the most a group may put on one TP rank, as a fraction of the
     # per-rank ideal load (the TP group's total / tp). Cost-model independent; 0.125 gives
     # about 8 micro-groups per step.
@@ -58,24 +61,6 @@ class CanzonaSection:
     elementwise_flops: float = 512.0
 
 
-@dataclass
-class OptimizerSection:
-    name: str = "muon"
-    lr: float = 0.02
-    weight_decay: float = 0.01
-    momentum: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5
-    ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
-    ns_eps: float = 1e-7
-    # Newton-Schulz matmul dtype: float32 for parity tests, bfloat16 as torch.optim.Muon does.
-    ns_dtype: str = "float32"
-    lr_adjust: str = "original"
-    adamw_lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    precondition_frequency: int = 10
-    shampoo_eps: float = 1e-12
 
 
 @dataclass
@@ -90,12 +75,21 @@ class DistSection:
     dp_collective: str = "auto"
     sync_variant: str = "all_reduce"
     overlap_grad_reduce: bool = True
+    # Parameter all-gather after the step overlapped with the next forward (Megatron's
+    # --overlap-param-gather): each bucket waited for in the forward pre-hook of the first
+    # module that uses it. Only methods that gather parameters are affected.
+    overlap_param_gather: bool = True
     timeout_s: float = 300.0
     threads_per_rank: int | None = None
 
 
 @dataclass
 class TrainSection:
+    # Model parameters and activations: bf16 (fp32 main parameters and fp32 gradients in the
+    # optimizer, as Megatron's --bf16), fp32, or auto: bf16 on CUDA, and on CPUs with native bf16
+    # dot products (AVX512-BF16 / AMX), else fp32 (emulated bf16 matmuls would make forward and
+    # backward slower than fp32 and distort every ratio against the optimizer step).
+    dtype: str = "auto"
     steps: int = 5
     warmup: int = 2
     seed: int = 1234
@@ -145,13 +139,14 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
 def validate(cfg: TrialConfig) -> TrialConfig:
     """Check every value and the layout; raise ConfigError with a one-line message."""
     _choice("method", cfg.method, METHODS)
-    _choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
+    optimizers.check_settings(cfg.optimizer)  # name, choices and bounds of every optimizer.* key
     _choice("canzona.cost", cfg.canzona.cost, COSTS)
     _choice("canzona.grouping", cfg.canzona.grouping, GROUPINGS)
     _choice("canzona.dp_variant", cfg.canzona.dp_variant, ("minmax", "snap"))
     _choice("dist.dp_collective", cfg.dist.dp_collective, DP_COLLECTIVES)
     _choice("dist.sync_variant", cfg.dist.sync_variant, SYNC_VARIANTS)
     _choice("dist.device", cfg.dist.device, DEVICES)
+    _choice("train.dtype", cfg.train.dtype, DTYPES)
     if not 0.0 <= cfg.canzona.alpha <= 1.0:
         raise ConfigError(f"canzona.alpha={cfg.canzona.alpha} must be in [0, 1]")
     if not 0.0 < cfg.canzona.capacity <= 1.0:
@@ -162,16 +157,12 @@ def validate(cfg: TrialConfig) -> TrialConfig:
         raise ConfigError(f"canzona.pipeline_depth={cfg.canzona.pipeline_depth} must be >= 0")
     if cfg.canzona.cost == "measured" and not cfg.canzona.measured_profile:
         raise ConfigError("canzona.cost=measured needs canzona.measured_profile=PATH (from python -m canzona.calibrate)")
-    _choice("optimizer.ns_dtype", cfg.optimizer.ns_dtype, ("float32", "bfloat16"))
-    _choice("optimizer.lr_adjust", cfg.optimizer.lr_adjust, ("original", "match_rms_adamw", "none"))
     if cfg.parallel.dp < 1:
         raise ConfigError(f"parallel.dp={cfg.parallel.dp} must be a positive integer")
     if cfg.bucket.size is not None and cfg.bucket.size < 1:
         raise ConfigError(f"bucket.size={cfg.bucket.size} must be a positive number of elements")
     if cfg.train.steps < 1 or cfg.train.warmup < 0:
         raise ConfigError(f"train.steps={cfg.train.steps} must be >= 1 and train.warmup={cfg.train.warmup} >= 0")
-    if cfg.optimizer.precondition_frequency < 1:
-        raise ConfigError(f"optimizer.precondition_frequency={cfg.optimizer.precondition_frequency} must be >= 1")
     check_tp(cfg.model_cfg(), cfg.parallel.tp)
     return cfg
 
@@ -190,9 +181,9 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), base: dict[str, Any
     return validate(obj)
 
 
-def parse_cli(argv: list[str], flags: tuple[str, ...] = ()) -> tuple[TrialConfig, set[str]]:
-    """A trial command line: ``key=value`` overrides plus the allowed ``--flags``."""
-    args = split_argv(argv, flags=flags, shorthands=SHORTHANDS)
+def parse_cli(argv: list[str], flags: tuple[str, ...] = (), options: tuple[str, ...] = ()) -> tuple[TrialConfig, Arguments]:
+    """A trial command line: ``key=value`` overrides plus the allowed ``--flags`` / ``--options``."""
+    args = split_argv(argv, flags=flags, options=options, shorthands=SHORTHANDS)
     obj = build(_schema(), args.overrides)
     assert isinstance(obj, TrialConfig)
-    return validate(obj), args.flags
+    return validate(obj), args

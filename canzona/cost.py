@@ -2,9 +2,12 @@
 
 Three interchangeable models (DESIGN.md §2):
 - ``numel``: the linear proxy every ZeRO implementation balances on.
-- ``flops``: analytic floating-point operation counts per optimizer.
+- ``flops``: analytic floating-point operation counts, from each optimizer's module
+  (`canzona.optim.registry`), refreshes amortised over their interval, preconditioner blocking
+  included.
 - ``measured``: seconds per shape timed on a device (``python -m canzona.calibrate``), loaded
-  from a YAML profile. Shapes missing from the profile are extrapolated from the nearest
+  from a YAML profile. A shape missing from the profile is the sum of its kernels' (the blocks
+  of a blocked preconditioner) when those are all measured, else extrapolated from the nearest
   measured shape by the flops ratio, and counted in ``missing`` so callers can warn.
 
 All planners only ever compare costs with each other, so any positive unit works.
@@ -14,57 +17,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import yaml
 
 from canzona.errors import ConfigError
 from canzona.inventory import ParamSpec
+from canzona.optim import registry
+from canzona.optim.section import OptimizerSection
 
-# Elementwise AdamW: ~12 flops per element (two moment updates, bias corrections, sqrt, div,
-# decoupled decay, the update itself).
-ADAMW_FLOPS_PER_ELEMENT = 12.0
-# ...but those flops are memory-bound: AdamW reads and writes param, grad and two moments
+# Elementwise AdamW's flops are memory-bound: it reads and writes param, grad and two moments
 # (~32 bytes per fp32 element). For *planning*, the flops model charges each elementwise update
 # the matmul flops that take the same time (``canzona.elementwise_flops``, default 512: 32 bytes
 # at a machine balance of 16 flops/byte; measured here: ~440 on one CPU core, GPUs are far
-# higher). Counting 12 would make a rank holding the embedding look idle; the `measured` cost
-# model replaces the guess with timings from `python -m canzona.calibrate`.
+# higher). Counting its ~12 flops would make a rank holding the embedding look idle; the
+# `measured` cost model replaces the guess with timings from `python -m canzona.calibrate`.
 ELEMENTWISE_FLOP_EQUIVALENT = 512.0
-# A dense symmetric eigendecomposition (tridiagonalisation + QR iterations + back-transform)
-# costs about 9 n^3 flops; one power iteration + QR of an n x n basis about 2 n^3 + 4/3 n^3.
-EIGH_FLOPS_FACTOR = 9.0
-POWER_QR_FLOPS_FACTOR = 2.0 + 4.0 / 3.0
-
-
-def muon_flops(m: int, n: int, ns_steps: int = 5) -> float:
-    """Newton-Schulz with k steps on an m x n matrix (m <= n after transposing).
-
-    Per step: A = X Xᵀ (2 m² n), B = b A + c A A (2 m³), X' = a X + B X (2 m² n), i.e.
-    k (4 m² n + 2 m³) (DESIGN.md §2), plus O(m n) momentum and scaling.
-    """
-    m, n = min(m, n), max(m, n)
-    return ns_steps * (4.0 * m * m * n + 2.0 * m**3) + 10.0 * m * n
-
-
-def shampoo_flops(m: int, n: int, precondition_frequency: int) -> float:
-    """Factor updates L += G Gᵀ, R += Gᵀ G; preconditioning L^-1/4 G R^-1/4; Adam grafting;
-    plus both eigendecompositions amortised over the refresh interval."""
-    per_step = 2.0 * m * m * n + 2.0 * m * n * n  # factor updates
-    per_step += 2.0 * m * m * n + 2.0 * m * n * n  # preconditioning
-    per_step += ADAMW_FLOPS_PER_ELEMENT * m * n  # grafting
-    refresh = EIGH_FLOPS_FACTOR * (m**3 + n**3) + 2.0 * (m**3 + n**3)  # eigh + rebuild roots
-    return per_step + refresh / precondition_frequency
-
-
-def soap_flops(m: int, n: int, precondition_frequency: int) -> float:
-    """Factor EMAs; rotating the gradient into the eigenbasis and the update back; Adam in the
-    rotated basis; power iteration + QR refresh of both bases amortised."""
-    per_step = 2.0 * m * m * n + 2.0 * m * n * n  # factor updates
-    per_step += 2.0 * (2.0 * m * m * n + 2.0 * m * n * n)  # rotate in and out
-    per_step += ADAMW_FLOPS_PER_ELEMENT * m * n
-    refresh = POWER_QR_FLOPS_FACTOR * (m**3 + n**3)
-    return per_step + refresh / precondition_frequency
 
 
 class CostModel(Protocol):
@@ -87,20 +55,21 @@ class NumelCost:
 
 @dataclass
 class FlopsCost:
+    """Flops of ``optimizer``'s update under ``settings`` (an optimizer section; its own
+    ``name`` is ignored: ``optimizer`` says which rule, e.g. adamw for the adamw method)."""
+
     optimizer: str
-    ns_steps: int = 5
-    precondition_frequency: int = 10
+    settings: Any = field(default_factory=OptimizerSection)
     elementwise_flops: float = ELEMENTWISE_FLOP_EQUIVALENT
     name: str = "flops"
 
+    def __post_init__(self) -> None:
+        self.definition = registry.get(self.optimizer)
+
     def matrix_flops(self, m: int, n: int) -> float:
-        if self.optimizer == "muon":
-            return muon_flops(m, n, self.ns_steps)
-        if self.optimizer == "shampoo":
-            return shampoo_flops(m, n, self.precondition_frequency)
-        if self.optimizer == "soap":
-            return soap_flops(m, n, self.precondition_frequency)
-        return self.elementwise_flops * m * n
+        if not self.definition.matrix:
+            return self.elementwise_flops * m * n
+        return self.definition.flops((m, n), self.settings)
 
     def cost(self, spec: ParamSpec) -> float:
         if spec.kind != "matrix":
@@ -123,6 +92,9 @@ class MeasuredCost:
         key = f"{m}x{n}"
         if key in self.table:
             return self.table[key]
+        kernels = self.flops.definition.kernels((m, n), self.flops.settings)
+        if len(kernels) > 1 and all(f"{a}x{b}" in self.table for a, b in kernels):
+            return sum(self.table[f"{a}x{b}"] for a, b in kernels)
         self.missing.add(key)
         # Extrapolate from the measured shape whose flops are closest.
         target = self.flops.matrix_flops(m, n)
@@ -130,7 +102,7 @@ class MeasuredCost:
         return self.table[best] * target / self.flops.matrix_flops(*_parse(best))
 
     def cost(self, spec: ParamSpec) -> float:
-        if spec.kind != "matrix" or self.optimizer == "adamw":
+        if spec.kind != "matrix" or not self.flops.definition.matrix:
             return self.adamw_seconds_per_element * spec.numel
         return sum(self._matrix_seconds(m, n) for m, n in _matrix_shapes(spec))
 
@@ -146,7 +118,7 @@ def load_measured(path: str | Path, optimizer: str, flops: FlopsCost) -> Measure
     except OSError as e:
         raise ConfigError(f"canzona.measured_profile={str(path)!r} cannot be read: {e.strerror}") from None
     updates = (data or {}).get("updates", {})
-    if optimizer != "adamw" and not updates.get(optimizer):
+    if flops.definition.matrix and not updates.get(optimizer):
         have = ", ".join(sorted(updates)) or "none"
         raise ConfigError(f"profile {path} has no measured {optimizer} updates; it has: {have}")
     adamw = float((data or {}).get("adamw_seconds_per_element", 0.0)) or 1e-9
@@ -161,8 +133,13 @@ def make_cost_model(
     precondition_frequency: int = 10,
     profile: str | None = None,
     elementwise_flops: float = ELEMENTWISE_FLOP_EQUIVALENT,
+    settings: Any = None,
 ) -> CostModel:
-    flops = FlopsCost(optimizer, ns_steps, precondition_frequency, elementwise_flops)
+    """``settings``, the whole optimizer section (so ``max_preconditioner_dim`` and any other
+    option counts), wins over the ``ns_steps`` / ``precondition_frequency`` shorthands."""
+    if settings is None:
+        settings = OptimizerSection(ns_steps=ns_steps, precondition_frequency=precondition_frequency)
+    flops = FlopsCost(optimizer, settings, elementwise_flops)
     if kind == "numel":
         return NumelCost()
     if kind == "flops":

@@ -38,24 +38,37 @@ class Arguments:
     overrides: list[tuple[str, str]] = field(default_factory=list)
     flags: set[str] = field(default_factory=set)
     positionals: list[str] = field(default_factory=list)
+    options: dict[str, str] = field(default_factory=dict)  # valued flags: --name VALUE or --name=VALUE
 
 
 def split_argv(
     argv: Sequence[str],
     *,
     flags: Iterable[str] = (),
+    options: Iterable[str] = (),
     positionals: int = 0,
     shorthands: Mapping[str, str] | None = None,
     usage: str = "",
 ) -> Arguments:
-    """Split ``argv`` into ``key=value`` overrides, allowed ``--flags`` and up to ``positionals``
-    bare arguments; anything else is a `ConfigError` naming what is allowed."""
-    allowed_flags = set(flags)
+    """Split ``argv`` into ``key=value`` overrides, allowed ``--flags``, valued ``options``
+    (``--name VALUE`` or ``--name=VALUE``) and up to ``positionals`` bare arguments; anything
+    else is a `ConfigError` naming what is allowed."""
+    allowed_flags, allowed_options = set(flags), set(options)
     out = Arguments()
-    for item in argv:
+    items = list(argv)
+    while items:
+        item = items.pop(0)
         if item.startswith("--"):
+            name, eq, value = item.partition("=")
+            if name in allowed_options:
+                if not eq:
+                    if not items or items[0].startswith("--"):
+                        raise ConfigError(f"{name} needs a value")
+                    value = items.pop(0)
+                out.options[name] = value
+                continue
             if item not in allowed_flags:
-                allowed = ", ".join(sorted(allowed_flags)) or "none"
+                allowed = ", ".join(sorted(allowed_flags | {f"{o} VALUE" for o in allowed_options})) or "none"
                 raise ConfigError(f"unknown flag {item}; allowed flags: {allowed}")
             out.flags.add(item)
         elif "=" in item and not item.startswith("="):

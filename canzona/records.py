@@ -36,19 +36,22 @@ STEP_FIELDS = (
     "forward_ms",
     "backward_ms",  # includes reduction work issued from hooks that overlapped backward
     "grad_reduce_ms",  # exposed (not hidden behind backward) gradient reduction
+    "clip_grad_ms",  # gradient-norm clipping inside the optimizer step: local norm, its all-reduce, scaling
     "optimizer_step_ms",  # DESIGN.md §6: grads reduced -> every owned param updated
     "gather_ms",  # packing and issuing TP gathers to owners (baselines: the whole TP all-gather)
     "compute_ms",  # owner optimizer maths
     "scatter_ms",  # packing and issuing TP scatters back to shard holders
     "apply_ms",  # applying updates to local shards
-    "param_sync_ms",  # exposed DP parameter all-gather / broadcast
+    "param_sync_ms",  # exposed DP parameter all-gather: the wait after the step, or (overlapped) the
+    #                   waits in the next forward's pre-hooks
     "wait_ms",  # blocked on in-flight TP gathers/scatters of the micro-group pipeline
     "compute_load",  # planned optimizer compute load of this rank (cost-model units)
     "loss",
 )
 
 # The phases every rank's step is split into (`*_ms` columns of steps.jsonl, in timeline order).
-PHASES = ("forward", "backward", "grad_reduce", "gather", "compute", "scatter", "apply", "param_sync", "wait")
+PHASES = ("forward", "backward", "grad_reduce", "clip_grad", "gather", "compute", "scatter", "apply", "param_sync",
+          "wait")
 
 # Phase name -> timeline event category (the colour a Gantt chart gives it); shared by the
 # executor's timers and the simulator's timelines.
@@ -56,6 +59,7 @@ CATEGORY = {
     "forward": "model",
     "backward": "model",
     "grad_reduce": "comm",
+    "clip_grad": "compute",
     "gather": "comm",
     "compute": "compute",
     "scatter": "comm",

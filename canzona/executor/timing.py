@@ -1,7 +1,30 @@
-"""Per-rank phase timing: accumulated milliseconds per phase plus a timeline of events.
+"""Per-rank phase timing of one step: milliseconds per phase, named marks, and a timeline.
 
-On CUDA each phase boundary synchronises the device so wall-clock time means finished work;
-on CPU the collectives and maths are synchronous from Python's point of view already.
+Use, once per step::
+
+    timer.reset()                              # the step starts here
+    with timer.phase("forward"):               # accumulate into ms["forward"], add a timeline event
+        ...
+    timer.mark("grads_reduced")                # a named instant
+    ...
+    timer.finish()                             # resolve everything (the step's one synchronisation)
+    timer.ms["forward"], timer.between("grads_reduced", "updated"), timer.at("updated"), timer.events
+
+What a number means depends on the device:
+
+- **CPU**: host wall-clock time (``time.perf_counter``) between the boundaries. gloo's
+  collectives and the maths are synchronous from Python's point of view, so a phase's time is
+  the work done in it, and a ``wait`` phase is the host blocked on an in-flight collective.
+- **CUDA**: *stream time on the compute stream*. Each boundary records a CUDA event on the
+  current stream; nothing synchronises until `finish`, which waits for the last event once.
+  A phase's time is therefore the time the compute stream took to get from the phase's first
+  to its last queued work, idle gaps included (when the host is the bottleneck, that is the
+  host's time). NCCL runs on its own streams and is *not* waited for at the boundaries, so
+  communication overlaps compute as it does untimed; it shows up where the compute stream waits
+  for it (``work.wait()`` makes the stream, not the host, wait): in ``wait``, ``grad_reduce``
+  and ``param_sync``, i.e. the exposed part of the communication. Calling
+  ``torch.cuda.synchronize`` at every boundary instead would wait for the NCCL streams too,
+  serialise the overlap the pipeline exists for and book communication to the wrong phase.
 """
 
 from __future__ import annotations
@@ -10,39 +33,109 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Union
 
 import torch
 
 from canzona.records import CATEGORY
 
+Stamp = Union[float, "torch.cuda.Event"]
+START = "start"
+
 
 class StepTimer:
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    """Phase timing of one step on ``device`` (see the module docstring)."""
+
+    def __init__(self, device: torch.device | str):
+        self.cuda = torch.device(device).type == "cuda"
         self.reset()
 
     def reset(self) -> None:
-        self.ms: dict[str, float] = defaultdict(float)
-        self.events: list[dict[str, float | str]] = []
-        self._sync()
-        self.t0 = time.perf_counter()
+        """Start a new step: forget the last one and mark ``start``."""
+        self._spans: list[tuple[str, str, Stamp, Stamp, int | None, int]] = []  # ..., enclosing span, id
+        self._open: list[int] = []  # ids of the phases open now (a phase may open inside another)
+        self._next_id = 0
+        self._marks: dict[str, Stamp] = {}
+        self._resolved: tuple[dict[str, float], list[dict[str, float | str]], dict[str, float]] | None = None
+        self._marks[START] = self._stamp()
 
-    def _sync(self) -> None:
+    def _stamp(self) -> Stamp:
         if self.cuda:
-            torch.cuda.synchronize()
-
-    def now_ms(self) -> float:
-        return (time.perf_counter() - self.t0) * 1e3
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()  # on the current stream
+            return event
+        return time.perf_counter()
 
     @contextmanager
     def phase(self, name: str, label: str | None = None) -> Iterator[None]:
-        """Time a block as `name`; `label` names the timeline event (e.g. "gather g3")."""
-        self._sync()
-        start = self.now_ms()
+        """Time a block as phase ``name``; ``label`` names its timeline event (e.g. "gather g3").
+        A phase opened inside another (a parameter-gather wait in a forward pre-hook) is booked
+        to its own name and taken out of the enclosing phase's time."""
+        start = self._stamp()
+        parent = self._open[-1] if self._open else None
+        me = self._next_id
+        self._next_id += 1
+        self._open.append(me)
         try:
             yield
         finally:
-            self._sync()
-            dur = self.now_ms() - start
-            self.ms[name] += dur
-            self.events.append({"name": label or name, "cat": CATEGORY.get(name, name), "start_ms": start, "dur_ms": dur})
+            self._open.pop()
+            self._spans.append((name, label or name, start, self._stamp(), parent, me))
+
+    def mark(self, name: str) -> None:
+        """Record the instant ``name`` (read it after `finish` with `at` or `between`)."""
+        self._marks[name] = self._stamp()
+
+    def finish(self) -> None:
+        """End the step: wait for the last boundary (CUDA: one event synchronisation) and resolve
+        every phase, mark and event to milliseconds since ``start``."""
+        end = self._stamp()
+        if self.cuda:
+            end.synchronize()  # type: ignore[union-attr]
+        start = self._marks[START]
+
+        def since(stamp: Stamp) -> float:
+            return self._elapsed(start, stamp)
+
+        ms: dict[str, float] = defaultdict(float)
+        events: list[dict[str, float | str]] = []
+        name_of = {me: name for name, _, _, _, _, me in self._spans}
+        for name, label, a, b, parent, _ in self._spans:
+            t0, dur = since(a), self._elapsed(a, b)
+            ms[name] += dur
+            if parent is not None:
+                ms[name_of[parent]] -= dur
+            events.append({"name": label, "cat": CATEGORY.get(name, name), "start_ms": t0, "dur_ms": dur})
+        marks = {name: since(stamp) for name, stamp in self._marks.items()}
+        self._resolved = (dict(ms), events, marks)
+
+    def _elapsed(self, a: Stamp, b: Stamp) -> float:
+        if self.cuda:
+            return float(a.elapsed_time(b))  # type: ignore[union-attr]
+        return (b - a) * 1e3  # type: ignore[operator]
+
+    def _done(self) -> tuple[dict[str, float], list[dict[str, float | str]], dict[str, float]]:
+        if self._resolved is None:
+            raise RuntimeError("StepTimer: call finish() before reading the step's times")
+        return self._resolved
+
+    @property
+    def ms(self) -> dict[str, float]:
+        """Milliseconds per phase name, summed over its blocks (phases never entered: absent)."""
+        return self._done()[0]
+
+    @property
+    def events(self) -> list[dict[str, float | str]]:
+        """The step's timeline: ``{"name", "cat", "start_ms", "dur_ms"}`` per phase block."""
+        return self._done()[1]
+
+    def at(self, mark: str) -> float:
+        """Milliseconds from ``start`` to ``mark``."""
+        marks = self._done()[2]
+        if mark not in marks:
+            raise KeyError(f"StepTimer: no mark {mark!r}; marks: {', '.join(marks)}")
+        return marks[mark]
+
+    def between(self, a: str, b: str) -> float:
+        """Milliseconds from mark ``a`` to mark ``b``."""
+        return self.at(b) - self.at(a)

@@ -1,9 +1,17 @@
 """Process-group setup for the model: torch.distributed world + Megatron's TP/DP groups.
 
-The same code runs on CPU/gloo and CUDA/NCCL. ``init_parallel`` reads the usual launcher
-environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, optionally
-``LOCAL_RANK``) when the default process group is not up yet, then lays out Megatron's groups
-(TP ranks contiguous: global rank = dp_rank * tp + tp_rank).
+The same code runs on CPU/gloo and CUDA/NCCL. ``init_parallel`` reads the launch from the
+environment (`canzona.trial.env.launch_env`: torchrun's / submitit's variables, or Slurm's own
+under a plain ``srun``) when the default process group is not up yet, then lays out Megatron's
+groups (TP ranks contiguous: global rank = dp_rank * tp + tp_rank).
+
+Backends map devices: on CUDA the default group is ``cpu:gloo,cuda:nccl``, so CUDA tensors go
+over NCCL while the object collectives (``all_gather_object`` of the step records) and any CPU
+tensor have a gloo home; an NCCL-only group has none. Megatron's ``initialize_model_parallel``
+creates its TP/DP groups with ``backend=None`` (no NCCL communicator options are passed), and
+``torch.distributed.new_group`` then takes the default group's backend string, so every
+Megatron group has both halves too. (Megatron's own ``*_GLOO`` groups are separate, gloo-only,
+and not created unless ``gloo_groups``.)
 """
 
 from __future__ import annotations
@@ -17,12 +25,21 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from canzona import dist_rules
 from canzona.errors import ConfigError
 from canzona.net import free_port
+from canzona.trial.env import launch_env, local_device_index
 
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed" on import
     warnings.simplefilter("ignore")
     from megatron.core import parallel_state
+
+# The backend string of the default group per device kind (see the module docstring).
+BACKENDS = {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl"}
+# Accepted for ``device``: a device kind, or the name of its collective backend.
+_ALIASES = {"cpu": "cpu", "gloo": "cpu", "cuda": "cuda", "nccl": "cuda"}
+
+_device: torch.device | None = None  # this process's device, set by init_parallel
 
 
 @dataclass(frozen=True)
@@ -42,31 +59,43 @@ class ParallelContext:
 
 
 def init_parallel(
-    tp: int, backend: str = "gloo", timeout_s: float = 60.0, *, gloo_groups: bool = False
+    tp: int, device: str = "cpu", timeout_s: float = 60.0, *, gloo_groups: bool = False
 ) -> ParallelContext:
-    """Initialise the default process group (from env, if needed) and Megatron's TP/DP groups.
+    """Initialise the default process group (from the environment, if needed) and Megatron's
+    TP/DP groups.
 
-    ``backend`` is ``"gloo"`` (CPU tensors) or ``"nccl"`` (one CUDA device per process, chosen
-    from ``LOCAL_RANK``, else ``rank % device_count``). ``gloo_groups`` asks Megatron for its
-    extra gloo DP groups (only its distributed-optimizer checkpointing uses them).
-    Call ``destroy_parallel`` before initialising again with another ``tp``.
+    ``device`` is ``"cpu"`` (gloo) or ``"cuda"`` (one CUDA device per process, chosen by
+    `canzona.trial.env.local_device_index`; groups ``cpu:gloo,cuda:nccl``); ``"gloo"`` and
+    ``"nccl"`` are accepted as their aliases. ``gloo_groups`` asks Megatron for its extra gloo
+    DP groups (only its distributed-optimizer checkpointing uses them). The chosen device is
+    declared to `canzona.dist_rules`. Call ``destroy_parallel`` before initialising again with
+    another ``tp``.
     """
-    if backend not in ("gloo", "nccl"):
-        raise ConfigError(f"backend={backend!r}; allowed: gloo, nccl")
+    global _device
+    kind = _ALIASES.get(device)
+    if kind is None:
+        raise ConfigError(f"device={device!r}; allowed: cpu, cuda (or their backends gloo, nccl)")
     if not dist.is_initialized():
-        rank = int(os.environ.get("RANK", "0"))
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            if world > 1:
-                raise ConfigError("MASTER_PORT is not set for a multi-process run")
-            os.environ["MASTER_PORT"] = str(free_port())
-        if backend == "nccl":
-            local = int(os.environ.get("LOCAL_RANK", rank % max(1, torch.cuda.device_count())))
-            torch.cuda.set_device(local)
+        launch = launch_env()
+        port = launch.master_port
+        if port is None:
+            if launch.world > 1:
+                raise ConfigError("MASTER_PORT is not set for a multi-process run (and no SLURM_JOB_ID to derive it)")
+            port = free_port()
+        if kind == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigError("device=cuda but no CUDA device is visible to this process")
+            _device = torch.device("cuda", local_device_index(launch.local_rank, torch.cuda.device_count()))
+            torch.cuda.set_device(_device)
+        else:
+            _device = torch.device("cpu")
+        os.environ.update({**launch.exports(), "MASTER_PORT": str(port)})  # env:// rendezvous
         dist.init_process_group(
-            backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+            BACKENDS[kind], rank=launch.rank, world_size=launch.world, timeout=timedelta(seconds=timeout_s)
         )
+    elif _device is None or _device.type != kind:  # initialised by someone else (a test, a launcher)
+        _device = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+    dist_rules.declare_device(_device)
     world = dist.get_world_size()
     if not isinstance(tp, int) or tp < 1 or world % tp:
         raise ConfigError(f"parallel.tp={tp!r} must be a positive integer dividing world size {world}")
@@ -82,8 +111,10 @@ def init_parallel(
 
 def current_context() -> ParallelContext:
     """The context of an already initialised process (see ``init_parallel``)."""
-    backend = dist.get_backend()
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    device = _device
+    if device is None:  # groups set up without init_parallel: CUDA when the world has an NCCL half
+        nccl = "nccl" in dist.get_backend()
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     return ParallelContext(
         rank=dist.get_rank(),
         world=dist.get_world_size(),
@@ -91,7 +122,7 @@ def current_context() -> ParallelContext:
         tp_rank=parallel_state.get_tensor_model_parallel_rank(),
         dp=parallel_state.get_data_parallel_world_size(),
         dp_rank=parallel_state.get_data_parallel_rank(),
-        backend=backend,
+        backend=dist.get_backend(),  # "gloo" or "cpu:gloo,cuda:nccl"
         device=device,
         tp_group=parallel_state.get_tensor_model_parallel_group(),
         dp_group=parallel_state.get_data_parallel_group(),
@@ -100,9 +131,9 @@ def current_context() -> ParallelContext:
 
 def destroy_parallel(*, process_group: bool = True) -> None:
     """Forget Megatron's groups; with ``process_group`` also tear down the default group."""
+    global _device
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if process_group and dist.is_initialized():
         dist.destroy_process_group()
-
-
+        _device = None

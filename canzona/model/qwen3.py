@@ -95,7 +95,7 @@ class Embedding(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype = torch.float32):
         super().__init__()
         hd = cfg.head_dim
         self.head_dim = hd
@@ -105,8 +105,8 @@ class SelfAttention(nn.Module):
             cfg.hidden, (cfg.heads + 2 * cfg.kv_heads) * hd, config=mp, init_method=_no_init,
             bias=False, gather_output=False, tp_group=_tp_group(),
         )
-        self.q_layernorm = RMSNorm(hd)
-        self.k_layernorm = RMSNorm(hd)
+        self.q_layernorm = RMSNorm(hd, dtype=dtype)
+        self.k_layernorm = RMSNorm(hd, dtype=dtype)
         self.linear_proj = RowParallelLinear(
             cfg.heads * hd, cfg.hidden, config=mp, init_method=_no_init, bias=False,
             input_is_parallel=True, skip_bias_add=False, tp_group=_tp_group(),
@@ -154,11 +154,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden)
-        self.self_attention = SelfAttention(cfg, mp, tp)
-        self.pre_mlp_layernorm = RMSNorm(cfg.hidden)
+        self.input_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
+        self.self_attention = SelfAttention(cfg, mp, tp, dtype)
+        self.pre_mlp_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
         self.mlp = MLP(cfg, mp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -167,10 +167,10 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg, mp, tp) for _ in range(cfg.num_layers))
-        self.final_layernorm = RMSNorm(cfg.hidden)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, mp, tp, dtype) for _ in range(cfg.num_layers))
+        self.final_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -186,7 +186,7 @@ class Qwen3Model(nn.Module):
     logits ``[b, s, vocab/tp]`` when ``labels`` is None.
     """
 
-    def __init__(self, cfg: ModelConfig, tp: int, tp_rank: int):
+    def __init__(self, cfg: ModelConfig, tp: int, tp_rank: int, dtype: torch.dtype = torch.float32):
         super().__init__()
         check_tp(cfg, tp)
         self.cfg, self.tp, self.tp_rank = cfg, tp, tp_rank
@@ -194,12 +194,12 @@ class Qwen3Model(nn.Module):
             tensor_model_parallel_size=tp,
             use_cpu_initialization=True,
             perform_initialization=False,  # overwritten by TP-independent seeded full tensors
-            params_dtype=torch.float32,
+            params_dtype=dtype,
             sequence_parallel=False,
             gradient_accumulation_fusion=False,
         )
         self.embedding = Embedding(cfg, mp)
-        self.decoder = Decoder(cfg, mp, tp)
+        self.decoder = Decoder(cfg, mp, tp, dtype)
         # Tied: no weight of its own; forward passes the embedding's [vocab/tp, hidden] shard.
         self.output_layer = ColumnParallelLinear(
             cfg.hidden, cfg.vocab, config=mp, init_method=_no_init, bias=False, gather_output=False,
@@ -231,12 +231,14 @@ class Qwen3Model(nn.Module):
         return vocab_parallel_cross_entropy(logits.float(), labels).mean()
 
 
-def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu", seed: int = 0) -> Qwen3Model:
-    """Build this rank's shard of the model; Megatron's TP groups must already exist
-    (``canzona.model.parallel.init_parallel``). Values are TP-independent (``init_shard``)."""
+def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu", seed: int = 0,
+                dtype: torch.dtype = torch.float32) -> Qwen3Model:
+    """Build this rank's shard of the model with parameters (and so activations) in ``dtype``;
+    Megatron's TP groups must already exist (``canzona.model.parallel.init_parallel``). Values are
+    TP-independent (``init_shard``, rounded to ``dtype``)."""
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    model = Qwen3Model(cfg, tp, tp_rank)
+    model = Qwen3Model(cfg, tp, tp_rank, dtype)
     with torch.no_grad():
         for idx, ((_, p), spec) in enumerate(zip(model.named_parameters(), model.param_specs())):
             p.copy_(init_shard(spec, idx, seed=seed, num_layers=cfg.num_layers, tp=tp, tp_rank=tp_rank))

@@ -1,20 +1,28 @@
-"""Optimizer maths (no ranks, no process groups): update rules and the shared apply step."""
+"""Optimizer maths (no ranks, no process groups): update rules, their registry, and the shared
+apply step. `canzona.optim.registry` lists the optimizers; `canzona.optim.owner` is what an
+owner of whole tensors (or flat shards) runs."""
 
-from canzona.optim.adamw import AdamW
-from canzona.optim.base import UpdateRule, apply_update, group_by_shape, learning_rate, make_rule
+from canzona.optim.adamw import AdamW, fused_adamw_step
 from canzona.optim.muon import Muon, lr_scale
 from canzona.optim.newton_schulz import newton_schulz
+from canzona.optim.registry import NAMES, REGISTERED, get, learning_rate, make_rule
+from canzona.optim.rule import OptimizerDef, Option, UpdateRule, apply_update
 from canzona.optim.shampoo import Shampoo
 from canzona.optim.soap import SOAP
 
 __all__ = [
+    "NAMES",
+    "REGISTERED",
     "SOAP",
     "AdamW",
     "Muon",
+    "Option",
+    "OptimizerDef",
     "Shampoo",
     "UpdateRule",
     "apply_update",
-    "group_by_shape",
+    "fused_adamw_step",
+    "get",
     "learning_rate",
     "lr_scale",
     "make_rule",

@@ -1,19 +1,22 @@
 """What an owner does with whole tensors, shared by every distributed method and the
 single-process reference, so they cannot drift apart.
 
-`MatrixUpdates` turns full gradients of matrices into full updates: one batched call of the
-rule over all matrices given (equal shapes batch together), a fused matrix optimised as its
-logical sub-matrices when the inventory lists them (``split_fused``), and the state kept per
-(param, sub-matrix). `ElementwiseUpdates` does the same for AdamW targets of any shape.
+`MatrixUpdates` turns full gradients of matrices into full updates: one call of the rule over
+all matrices given (each computed alone, so any owner may take any subset), a fused matrix
+optimised as its logical sub-matrices when the inventory lists them (``split_fused``), and the
+state kept per (param, sub-matrix). `ElementwiseUpdates` runs AdamW's fused, slice-invariant
+step on targets of any shape: whole tensors, TP shards, or flat ZeRO-1 slices cut anywhere.
 """
 
 from __future__ import annotations
 
 import torch
 
-from canzona.config import OptimizerSection
 from canzona.inventory import ParamSpec, SubMatrix
-from canzona.optim.base import UpdateRule, apply_update, learning_rate, make_rule
+from canzona.optim.clip import clip_coefficient, sum_of_squares
+from canzona.optim.registry import learning_rate, make_rule
+from canzona.optim.rule import UpdateRule, apply_update
+from canzona.optim.section import OptimizerSection
 
 
 def _rows(sub: SubMatrix) -> list[int]:
@@ -89,8 +92,7 @@ class ElementwiseUpdates:
             if k not in self.states:
                 self.states[k] = self.rule.init_state(tuple(g.shape), g.device, g.dtype)
             states.append(self.states[k])
-        for p, d in zip(params, self.rule.directions(list(grads), states, step)):
-            apply_update(p, d, self.lr, self.opt.weight_decay)
+        self.rule.step(list(params), list(grads), states, step, self.lr, self.opt.weight_decay)
 
 
 class ReferenceOptimizer:
@@ -101,6 +103,7 @@ class ReferenceOptimizer:
 
     def __init__(self, specs: list[ParamSpec], opt: OptimizerSection, matrix_rule: bool = True):
         self.specs = specs
+        self.opt = opt
         self.matrix_rule = matrix_rule and opt.name != "adamw"
         self.matrices = MatrixUpdates(specs, opt)
         self.elementwise = ElementwiseUpdates(opt)
@@ -109,6 +112,9 @@ class ReferenceOptimizer:
     @torch.no_grad()
     def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
         self.steps += 1
+        coef = clip_coefficient(float(sum_of_squares(grads[s.name] for s in self.specs)), self.opt.clip_grad)
+        if coef is not None:
+            grads = {n: g * coef for n, g in grads.items()}
         mat = [i for i, s in enumerate(self.specs) if self.matrix_rule and s.kind == "matrix"]
         ew = [i for i, s in enumerate(self.specs) if i not in set(mat)]
         dirs = self.matrices.directions(mat, [grads[self.specs[i].name] for i in mat], self.steps)

@@ -7,6 +7,10 @@ rotated basis (reordered with the eigenvalue estimates on refresh) and the first
 original basis, projected each step, which equals rotating it on every basis change. Factors are
 updated after the step so the projection never uses the current gradient, except on step 1,
 which seeds them first so that it already takes a step (the reference code skips step 1).
+
+Matrices (and the blocks of a matrix with a side over ``max_preconditioner_dim``, see
+`canzona.optim.kronecker`) are updated one at a time, so an update never depends on the other
+matrices of the call (batched eigh / QR / matmuls may round differently per batch).
 """
 
 from __future__ import annotations
@@ -14,89 +18,102 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from canzona.config import OptimizerSection
-from canzona.optim.base import UpdateRule, check_matrices, group_by_shape
-from canzona.optim.shampoo import is_refresh_step, kronecker_state
+from canzona.optim import kronecker
+from canzona.optim.adamw import BETAS, EPS
+from canzona.optim.kronecker import (
+    POWER_QR_FLOPS_FACTOR,
+    KroneckerRule,
+    cube_sum,
+    is_refresh_step,
+)
+from canzona.optim.rule import Settings
 
 
-def eigenbasis(mats: Tensor) -> Tensor:
-    """Batched eigenvectors of symmetric matrices, columns by descending eigenvalue (eigh in >= float32)."""
-    return torch.linalg.eigh(mats.float()).eigenvectors.flip(-1).to(mats.dtype)
+def eigenbasis(mat: Tensor) -> Tensor:
+    """Eigenvectors of a symmetric matrix, columns by descending eigenvalue (eigh in >= float32)."""
+    return torch.linalg.eigh(mat.float()).eigenvectors.flip(-1).to(mat.dtype)
 
 
-def power_qr(mats: Tensor, basis: Tensor) -> tuple[Tensor, Tensor]:
+def power_qr(mat: Tensor, basis: Tensor) -> tuple[Tensor, Tensor]:
     """One power iteration + QR from ``basis``; returns the new basis and the column order used.
 
     Columns are first sorted by their Rayleigh quotients (descending) so the new basis keeps
     the eigenvalue order and the second moment can be permuted to match.
     """
-    estimates = (basis * (mats @ basis)).sum(-2)
+    estimates = (basis * (mat @ basis)).sum(-2)
     order = torch.argsort(estimates, dim=-1, descending=True, stable=True)
-    basis = basis.gather(-1, order.unsqueeze(-2).expand_as(basis))
-    return torch.linalg.qr((mats @ basis).float()).Q.to(mats.dtype), order
+    basis = basis[:, order]
+    return torch.linalg.qr((mat @ basis).float()).Q.to(mat.dtype), order
 
 
-class SOAP(UpdateRule):
-    elementwise = False
+class SOAP(KroneckerRule):
+    name = "SOAP"
+    left = "Q_L"
+    right = "Q_R"
 
     def __init__(
         self,
         betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
         precondition_frequency: int = 10,
+        max_preconditioner_dim: int = kronecker.MAX_PRECONDITIONER_DIM,
     ) -> None:
-        if precondition_frequency < 1:
-            raise ValueError(f"precondition_frequency={precondition_frequency} must be >= 1")
-        self.betas = betas
-        self.eps = eps
-        self.precondition_frequency = precondition_frequency
+        super().__init__(betas, eps, precondition_frequency, max_preconditioner_dim)
 
     @classmethod
-    def from_config(cls, opt: OptimizerSection) -> SOAP:
-        return cls(opt.betas, opt.eps, opt.precondition_frequency)
+    def from_config(cls, opt: Settings) -> SOAP:
+        return cls(opt.betas, opt.eps, opt.precondition_frequency, opt.max_preconditioner_dim)
 
-    def init_state(
-        self, shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype
-    ) -> dict[str, Tensor]:
-        return kronecker_state(shape, device, dtype, "Q_L", "Q_R")
-
-    def directions(self, grads: list[Tensor], states: list[dict[str, Tensor]], step: int) -> list[Tensor]:
-        check_matrices(grads, "SOAP")
+    def block_update(self, G: Tensor, s: dict[str, Tensor], step: int) -> Tensor:
         beta1, beta2 = self.betas
         bias_correction1 = 1 - beta1**step
         bias_correction2 = 1 - beta2**step
-        refresh = is_refresh_step(step, self.precondition_frequency)
-        out: list[Tensor] = [torch.empty(0)] * len(grads)
-        for idx in group_by_shape(grads):
-            st = [states[i] for i in idx]
-            G = torch.stack([grads[i] for i in idx])
-            s = {k: torch.stack([x[k] for x in st]) for k in st[0]}
-            if step == 1:
-                self._update_factors(s, G)
-                s["Q_L"], s["Q_R"] = eigenbasis(s["L"]), eigenbasis(s["R"])
-            elif refresh:
-                s["Q_L"], rows = power_qr(s["L"], s["Q_L"])
-                s["Q_R"], cols = power_qr(s["R"], s["Q_R"])
-                v = s["exp_avg_sq"]
-                v = v.gather(-2, rows.unsqueeze(-1).expand_as(v)).gather(-1, cols.unsqueeze(-2).expand_as(v))
-                s["exp_avg_sq"] = v
-            Q_L, Q_R = s["Q_L"], s["Q_R"]
-            s["exp_avg"].lerp_(G, 1 - beta1)
-            G_rot = Q_L.mT @ G @ Q_R
-            s["exp_avg_sq"].mul_(beta2).addcmul_(G_rot, G_rot, value=1 - beta2)
-            m_rot = (Q_L.mT @ s["exp_avg"] @ Q_R).div_(bias_correction1)
-            N = m_rot / s["exp_avg_sq"].div(bias_correction2).sqrt_().add_(self.eps)
-            U = Q_L @ N @ Q_R.mT
-            if step > 1:
-                self._update_factors(s, G)
-            changed = ["exp_avg", "exp_avg_sq", "L", "R"] + (["Q_L", "Q_R"] if refresh else [])
-            for j, x in enumerate(st):
-                for k in changed:
-                    x[k].copy_(s[k][j])
-                out[idx[j]] = U[j].to(grads[idx[j]].dtype)
-        return out
+        if step == 1:
+            self._update_factors(s, G)
+            s["Q_L"].copy_(eigenbasis(s["L"]))
+            s["Q_R"].copy_(eigenbasis(s["R"]))
+        elif is_refresh_step(step, self.precondition_frequency):
+            Q_L, rows = power_qr(s["L"], s["Q_L"])
+            Q_R, cols = power_qr(s["R"], s["Q_R"])
+            s["Q_L"].copy_(Q_L)
+            s["Q_R"].copy_(Q_R)
+            v = s["exp_avg_sq"]
+            v.copy_(v[rows][:, cols])
+        Q_L, Q_R = s["Q_L"], s["Q_R"]
+        s["exp_avg"].lerp_(G, 1 - beta1)
+        G_rot = Q_L.mT @ G @ Q_R
+        s["exp_avg_sq"].mul_(beta2).addcmul_(G_rot, G_rot, value=1 - beta2)
+        m_rot = (Q_L.mT @ s["exp_avg"] @ Q_R).div_(bias_correction1)
+        N = m_rot / s["exp_avg_sq"].div(bias_correction2).sqrt_().add_(self.eps)
+        U = Q_L @ N @ Q_R.mT
+        if step > 1:
+            self._update_factors(s, G)
+        return U
 
     def _update_factors(self, s: dict[str, Tensor], G: Tensor) -> None:
         beta2 = self.betas[1]
         s["L"].lerp_(G @ G.mT, 1 - beta2)
         s["R"].lerp_(G.mT @ G, 1 - beta2)
+
+
+def block_steady_flops(m: int, n: int) -> float:
+    """Factor EMAs; rotating the gradient and the moment into the eigenbasis and the update
+    back; Adam in the rotated basis."""
+    per_step = 2.0 * m * m * n + 2.0 * m * n * n  # factor updates
+    per_step += 2.0 * (2.0 * m * m * n + 2.0 * m * n * n)  # rotate in and out
+    return per_step + 12.0 * m * n
+
+
+def block_refresh_flops(m: int, n: int) -> float:
+    """Power iteration + QR of both bases."""
+    return POWER_QR_FLOPS_FACTOR * cube_sum(m, n)
+
+
+OPTIMIZER = kronecker.definition(
+    "soap",
+    SOAP.from_config,
+    (BETAS, EPS),
+    block_steady_flops,
+    block_refresh_flops,
+    elementwise_passes=16.0,  # moments, rotated Adam, bias corrections
+)

@@ -10,15 +10,22 @@ import sys
 
 from canzona.config import TrialConfig, parse_cli
 from canzona.errors import ConfigError
+from canzona.inventory import ParamSpec
+from canzona.plan.critical_path import CriticalPath, critical_path
 from canzona.plan.methods import make_plan
-from canzona.plan.metrics import PlanMetrics, compute_metrics
 from canzona.plan.types import Plan
+from canzona.program.count import PlanMetrics, compute_metrics
+from canzona.program.lower import lower_rank
+from canzona.program.render import render_program
 
-USAGE = "usage: python -m canzona.plan [key=value ...] [--json]   (e.g. model=qwen3-8b parallel.dp=8 parallel.tp=2)"
+USAGE = "usage: python -m canzona.plan [key=value ...] [--json | --program RANK]   (e.g. model=qwen3-8b parallel.dp=8 parallel.tp=2)"
 
 
-def plan_json(plan: Plan, metrics: PlanMetrics) -> dict:
-    """The --json document: every parameter once (sub-matrices when split_fused), ranks, imbalance."""
+def plan_json(plan: Plan, metrics: PlanMetrics, path: CriticalPath) -> dict:
+    """The --json document: every parameter once (sub-matrices when split_fused), ranks,
+    imbalance (per-rank and critical path), and each DP rank's micro-groups in execution order
+    as lists of ``[param name, TP owner]`` (names as in ``params``: a fused matrix's sub-matrices
+    with ``model.split_fused``, which share its owner)."""
     params = []
     for i, spec in enumerate(plan.params):
         is_matrix = plan.uses_matrix_rule(i)
@@ -46,12 +53,23 @@ def plan_json(plan: Plan, metrics: PlanMetrics) -> dict:
         "tp": plan.tp,
         "params": params,
         "ranks": metrics.ranks(),
-        "imbalance": metrics.imbalance(),
+        "imbalance": {
+            **metrics.imbalance(),
+            "critical_path": path.imbalance,
+            "critical_path_lower_bound": path.lower_bound,
+        },
         "collectives_per_step": metrics.collectives,
         "buckets": len(plan.layout.buckets),
-        "micro_groups": [len(g) for g in plan.micro_groups],
+        "micro_groups": [
+            [[[name, o] for i, o in zip(g.items, g.owners) for name in _names(plan.params[i])] for g in groups]
+            for groups in plan.micro_groups
+        ],
         "plan_seconds": plan.plan_seconds,
     }
+
+
+def _names(spec: ParamSpec) -> list[str]:
+    return [s.name for s in spec.subs] if spec.subs else [spec.name]
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -61,12 +79,16 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def render_table(cfg: TrialConfig, plan: Plan, m: PlanMetrics) -> str:
+def render_table(cfg: TrialConfig, plan: Plan, m: PlanMetrics, path: CriticalPath) -> str:
+    groups = sorted(len(g) for g in plan.micro_groups)
     lines = [
         f"{cfg.model_cfg().name}  method={plan.method}  optimizer={cfg.optimizer.name}  dp={plan.dp} tp={plan.tp}  "
         f"cost={plan.cost_model}  buckets={len(plan.layout.buckets)}  planned in {plan.plan_seconds * 1e3:.1f} ms",
         f"imbalance: compute {m.compute_imbalance:.3f}  memory {m.memory_imbalance:.3f}  "
         f"lower bound {m.lower_bound:.3f}  collectives/step {m.collectives}",
+        f"critical path (each micro-group at its slowest TP rank): {path.imbalance:.3f}  "
+        f"lower bound {path.lower_bound:.3f}  micro-groups per DP rank "
+        + (f"{groups[0]}-{groups[-1]}" if groups and groups[0] != groups[-1] else f"{groups[0] if groups else 0}"),
         "",
         f"{'dp':>4} {'tp':>3} {'compute':>12} {'share':>7} {'state numel':>13} {'send MB':>9} {'recv MB':>9}",
     ]
@@ -83,22 +105,39 @@ def render_table(cfg: TrialConfig, plan: Plan, m: PlanMetrics) -> str:
     return "\n".join(lines)
 
 
+def _program_rank(value: str | None, world: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        rank = int(value)
+    except ValueError:
+        rank = -1
+    if not 0 <= rank < world:
+        raise ConfigError(f"--program {value!r}: a rank from 0 to {world - 1} (world size {world})")
+    return rank
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         print(USAGE)
         return 0
     try:
-        cfg, flags = parse_cli(argv, flags=("--json",))
+        cfg, args = parse_cli(argv, flags=("--json",), options=("--program",))
         plan = make_plan(cfg)
+        rank = _program_rank(args.options.get("--program"), plan.dp * plan.tp)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if rank is not None:
+        print(render_program(plan, lower_rank(plan, rank)))
+        return 0
     metrics = compute_metrics(plan)
-    if "--json" in flags:
-        print(json.dumps(plan_json(plan, metrics)))
+    path = critical_path(plan, metrics.compute)
+    if "--json" in args.flags:
+        print(json.dumps(plan_json(plan, metrics, path)))
     else:
-        print(render_table(cfg, plan, metrics))
+        print(render_table(cfg, plan, metrics, path))
     return 0
 
 

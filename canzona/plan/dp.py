@@ -101,17 +101,18 @@ def _greedy_fill(weights: np.ndarray, offsets: np.ndarray, bound: float) -> list
     """
     p, n = len(offsets), len(weights)
     slack = bound - offsets
+    tol = 1e-12 * max(abs(bound), 1.0)  # relative: costs can be ~1e14 flops, sums round
     cuts, i, r = [0], 0, 0
     while i < n:
         # next rank (from r) that can take item i at all
-        fits = np.flatnonzero(slack[r:] >= weights[i] - 1e-15)
+        fits = np.flatnonzero(slack[r:] >= weights[i] - tol)
         if fits.size == 0:
             return None
         nr = r + int(fits[0])
         cuts.extend([i] * (nr - r))
         r = nr
         room = slack[r]
-        while i < n and weights[i] <= room + 1e-15:
+        while i < n and weights[i] <= room + tol:
             room -= weights[i]
             i += 1
         cuts.append(i)

@@ -20,6 +20,29 @@ TpMode = Literal["pipeline", "duplicated", "local"]
 
 
 @dataclass(frozen=True)
+class Execution:
+    """The trial settings that shape how a plan runs (read by `canzona.program.lower` only), so
+    that a plan alone says everything needed to lower it to per-rank programs."""
+
+    dp_collective: str = "auto"  # uneven-shard DP collective: auto | padded | reduce_loop | coalesced | all_to_all
+    overlap_grad_reduce: bool = True  # bucket reductions issued from backward hooks
+    pipeline_depth: int = 2  # micro-groups of gathers in flight ahead of the one computing
+    dtype: str = "float32"  # model parameters and activations: float32 or bfloat16 (fp32 main params)
+    dtype_reason: str = "default"
+    overlap_param_gather: bool = True  # parameter all-gather waited for in the next forward
+    clip_grad: float = 0.0  # gradient-norm clipping threshold; 0: off
+    device: str = "cpu"  # the device kind the plan runs on (cpu | cuda)
+
+    @classmethod
+    def from_config(cls, cfg, device: str) -> Execution:
+        from canzona.devices import resolve_dtype
+
+        dtype, why = resolve_dtype(cfg.train.dtype, device)
+        return cls(cfg.dist.dp_collective, cfg.dist.overlap_grad_reduce, cfg.canzona.pipeline_depth, dtype, why,
+                   cfg.dist.overlap_param_gather, cfg.optimizer.clip_grad, device)
+
+
+@dataclass(frozen=True)
 class Plan:
     method: str
     params: tuple[ParamSpec, ...]
@@ -44,6 +67,7 @@ class Plan:
     # Per DP rank, the micro-groups its TP group runs (empty unless tp_mode == "pipeline").
     micro_groups: tuple[tuple[MicroGroup, ...], ...]
     plan_seconds: float = 0.0
+    execution: Execution = Execution()
 
     @property
     def dp(self) -> int:

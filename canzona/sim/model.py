@@ -29,6 +29,9 @@ class ModelWork:
     tp_forward_s: float  # TP all-reduces in the forward (0 without TP)
     # backward units in execution order: (seconds of host time, inventory indices ready after)
     backward_units: tuple[tuple[float, tuple[int, ...]], ...]
+    # forward units in execution order: (inventory indices first used, seconds of host time);
+    # their seconds add up to forward_s
+    forward_units: tuple[tuple[tuple[int, ...], float], ...]
     forward_flops: float
     tokens: int
 
@@ -103,4 +106,25 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
             units.append((sec, (i,)))
     for i in emb:
         units.append((prof.copy(BYTES * tokens * mcfg.hidden) + hook(i), (i,)))
-    return ModelWork(forward_s, tp_forward_s, tuple(units), fwd_flops, tokens)
+    return ModelWork(forward_s, tp_forward_s, tuple(units), _forward_units(by_layer, params, forward_s, tp, tokens,
+                                                                            attn_layer, fwd_flops), fwd_flops, tokens)
+
+
+def _forward_units(by_layer, params, forward_s: float, tp: int, tokens: int, attn_layer: float,
+                   fwd_flops: float) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """The forward split in registration order: the embedding, each layer, the head; each unit's
+    share of ``forward_s`` is its share of the forward flops (the fixed and per-layer overheads
+    spread the same way)."""
+    def flops(i: int) -> float:
+        p = params[i]
+        return 2.0 * tokens * p.local_numel(tp) if len(p.shape) == 2 and not p.name.startswith("embedding.") else 0.0
+
+    top = by_layer.get(None, [])
+    emb = tuple(i for i in top if params[i].name.startswith("embedding."))
+    head = tuple(i for i in top if not params[i].name.startswith("embedding."))
+    groups = [(emb, 0.0)]
+    layers = sorted(k for k in by_layer if k is not None)
+    groups += [(tuple(by_layer[k]), sum(flops(i) for i in by_layer[k]) + attn_layer) for k in layers]
+    groups.append((head, max(0.0, fwd_flops - sum(f for _, f in groups))))
+    total = sum(f for _, f in groups) or 1.0
+    return tuple((items, forward_s * f / total) for items, f in groups)

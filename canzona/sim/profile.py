@@ -45,6 +45,7 @@ one node uses the ``inter`` level throughout (its ring crosses the network; one 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
@@ -54,21 +55,21 @@ from typing import Any
 
 import yaml
 
-from canzona.cost import ADAMW_FLOPS_PER_ELEMENT, muon_flops, shampoo_flops, soap_flops
 from canzona.errors import ConfigError
+from canzona.optim import registry
+from canzona.optim.section import OptimizerSection
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES_DIR = REPO / "profiles"
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
 LEVELS = ("intra", "inter")
-# Elementwise passes over the matrix (4-byte reads + writes) besides the matmuls, per update:
-# Muon's momentum lerp, Nesterov lerp, normalisation and scale; Shampoo / SOAP's moments,
-# grafting / rotated Adam, bias corrections.
-ELEMENTWISE_PASSES = {"muon": 8.0, "shampoo": 16.0, "soap": 16.0}
+# Elementwise passes over the matrix (4-byte reads + writes) besides the matmuls, per update
+# (each optimizer module states its own: Muon's momentum and Nesterov lerps, normalisation and
+# scale; Shampoo / SOAP's moments, grafting / rotated Adam, bias corrections).
+ELEMENTWISE_PASSES = {d.name: d.elementwise_passes for d in registry.REGISTERED if d.matrix}
 # AdamW direction + apply: read grad, m, v, param; write m, v, param and temporaries.
 ADAMW_BYTES_PER_ELEMENT = 40.0
 APPLY_BYTES_PER_ELEMENT = 16.0  # param *= (1 - lr wd); param += -lr U: two read+write passes
-NEVER = 10**15  # a precondition frequency whose refresh never happens: the steady-state step
 
 
 def ring_steps(kind: str, p: int) -> int:
@@ -130,23 +131,21 @@ def _parse(key: str) -> tuple[int, int]:
     return int(m), int(n)
 
 
-def steady_flops(optimizer: str, m: int, n: int, ns_steps: int = 5) -> float:
-    """Flops of one update without a preconditioner refresh (the median step)."""
-    if optimizer == "muon":
-        return muon_flops(m, n, ns_steps)
-    if optimizer == "shampoo":
-        return shampoo_flops(m, n, NEVER)
-    if optimizer == "soap":
-        return soap_flops(m, n, NEVER)
-    return ADAMW_FLOPS_PER_ELEMENT * m * n
+@functools.lru_cache(maxsize=64)
+def _settings(ns_steps: int = 5, ns_dtype: str = "float32") -> Any:
+    """An optimizer section with these values and every other option at its default."""
+    return OptimizerSection(ns_steps=ns_steps, ns_dtype=ns_dtype)
 
 
-def refresh_flops(optimizer: str, m: int, n: int) -> float:
-    """Extra flops of a refresh step (eigendecompositions / power-QR), 0 for Muon."""
-    if optimizer in ("shampoo", "soap"):
-        fn = shampoo_flops if optimizer == "shampoo" else soap_flops
-        return fn(m, n, 1) - fn(m, n, NEVER)
-    return 0.0
+def steady_flops(optimizer: str, m: int, n: int, ns_steps: int = 5, settings: Any = None) -> float:
+    """Flops of one update of an m×n matrix without a preconditioner refresh (the median step).
+    ``settings`` (an optimizer section) replaces the defaults, ``ns_steps`` included."""
+    return registry.get(optimizer).steady_flops((m, n), settings or _settings(ns_steps))
+
+
+def refresh_flops(optimizer: str, m: int, n: int, settings: Any = None) -> float:
+    """Extra flops of a refresh step (eigendecompositions / power-QR), 0 for Muon and AdamW."""
+    return registry.get(optimizer).refresh_flops((m, n), settings or _settings())
 
 
 class Profile:
@@ -169,6 +168,9 @@ class Profile:
         self.memory_Bps = float(comp.get("memory_bytes_per_s", 1e10))
         self.call_overhead_s = float(comp.get("call_overhead_s", 0.0))
         self.overlap = float(comp.get("overlap", 1.0))
+        # Whether calls issued as one coalesced group launch together (NCCL's group calls on
+        # GPUs); gloo on CPUs has no coalescing and runs them one after another.
+        self.coalesces = bool(comp.get("coalesces", self.device.get("kind", "cpu") != "cpu"))
         self.updates = {o: {k: float(v) for k, v in (t or {}).items()} for o, t in (data.get("updates") or {}).items()}
         self.batched = {o: dict(t or {}) for o, t in (data.get("batched") or {}).items()}
         self.update_overhead = {o: float(v) for o, v in (data.get("update_overhead_s") or {}).items()}
@@ -265,7 +267,7 @@ class Profile:
 
     # ------------------------------------------------------------------ optimizer compute
     def _matmul_rate(self, optimizer: str, ns_dtype: str) -> float:
-        dtype = ns_dtype if optimizer == "muon" else "float32"
+        dtype = registry.get(optimizer).matmul_dtype(_settings(ns_dtype=ns_dtype))
         return self.matmul_flops.get(dtype, self.matmul_flops["float32"])
 
     def _flops_seconds(self, optimizer: str, m: int, n: int, ns_dtype: str, ns_steps: int) -> float:
@@ -278,8 +280,8 @@ class Profile:
         key = _shape_key(m, n)
         default_overhead = self.update_overhead.get(optimizer, self.call_overhead_s)
         dtype_scale = 1.0
-        if optimizer == "muon" and ns_dtype != self.table_ns_dtype and table:
-            dtype_scale = self._matmul_rate("muon", self.table_ns_dtype) / self._matmul_rate("muon", ns_dtype)
+        if ns_dtype != self.table_ns_dtype and table:  # 1 unless the optimizer's matmuls follow ns_dtype
+            dtype_scale = self._matmul_rate(optimizer, self.table_ns_dtype) / self._matmul_rate(optimizer, ns_dtype)
         if key in table:
             e = table[key]
             return float(e.get("overhead_s", default_overhead)), float(e["slope_s"]) * dtype_scale
@@ -293,7 +295,8 @@ class Profile:
 
     def matrix_call(self, optimizer: str, shapes: Iterable[tuple[int, int]], ns_dtype: str = "float32",
                     ns_steps: int = 5) -> float:
-        """One `MatrixUpdates.directions` call over these matrices (equal shapes batch together)."""
+        """One `MatrixUpdates.directions` call over these matrices: the rule runs matrix by matrix,
+        so per shape a call of c matrices costs the table's ``overhead + c·slope`` (as calibrated)."""
         counts: dict[tuple[int, int], int] = {}
         for s in shapes:
             counts[s] = counts.get(s, 0) + 1

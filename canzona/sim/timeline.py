@@ -51,6 +51,18 @@ class Timeline:
         self.phase_s: list[dict[str, float]] = [defaultdict(float) for _ in range(world)]
         self.marks: list[dict[str, float]] = [{} for _ in range(world)]
         self.busy = [0.0] * world  # host work done (seconds), for CPU-sharing estimates
+        self.origin = [0.0] * world  # each rank's start of the measured iteration
+        self._nested: list[list[float]] = [[] for _ in range(world)]
+
+    def restart(self) -> None:
+        """Start measuring a new iteration from each rank's current time: phases, events and
+        marks are cleared; clocks, streams and collectives in flight carry over."""
+        self.origin = list(self.cpu)
+        for r in range(self.world):
+            self.phase_s[r].clear()
+            self.events[r].clear()
+            self.stream_events[r] = []
+            self.marks[r] = {}
 
     # ------------------------------------------------------------------ host side
     def host(self, r: int, seconds: float) -> None:
@@ -71,31 +83,39 @@ class Timeline:
             self.wait(r, max(handles, key=lambda h: h.end))
 
     def mark(self, ranks: Sequence[int], name: str) -> None:
+        """Record each rank's time (since its ``origin``) under ``name``."""
         for r in ranks:
-            self.marks[r][name] = self.cpu[r]
+            self.marks[r][name] = self.cpu[r] - self.origin[r]
             self.marks[r][f"{name}:busy"] = self.busy[r]
 
     @contextmanager
     def phase(self, ranks: Sequence[int], name: str, label: str | None = None) -> Iterator[None]:
-        """A `StepTimer.phase` block on each of `ranks`."""
+        """A `StepTimer.phase` block on each of `ranks`; a phase nested in another is booked to
+        its own name only (as the executor's timer does)."""
         starts = [self.cpu[r] for r in ranks]
+        for r in ranks:
+            self._nested[r].append(0.0)
         yield
         for r, s in zip(ranks, starts):
             dur = self.cpu[r] - s
-            self.phase_s[r][name] += dur
+            inner = self._nested[r].pop()
+            if self._nested[r]:
+                self._nested[r][-1] += dur
+            self.phase_s[r][name] += dur - inner
             self.events[r].append({"name": label or name, "cat": CATEGORY.get(name, name),
-                                   "start_ms": s * 1e3, "dur_ms": dur * 1e3})
+                                   "start_ms": (s - self.origin[r]) * 1e3, "dur_ms": dur * 1e3})
 
     # ------------------------------------------------------------------ collectives
     def collective(self, ranks: Sequence[int], stream: str, seconds: float, label: str,
-                   transfer_s: float | None = None) -> Handle:
-        """Issue one collective over `ranks` (each at its current host time); returns its handle.
-        `transfer_s`: the part of `seconds` that keeps a CPU busy (default: all of it)."""
+                   transfer_s: float | None = None, issued: Sequence[float] | None = None) -> Handle:
+        """One collective over `ranks`, issued by each member at its current host time (or at
+        ``issued[k]`` for the k-th member); returns its handle. `transfer_s`: the part of
+        `seconds` that keeps a CPU busy (default: all of it)."""
         dur = seconds * self.scale
         busy = (seconds if transfer_s is None else transfer_s) * self.scale
         clocks = self.streams[stream]
-        cpu = self.cpu
-        start = max(max(cpu[r], clocks[r]) for r in ranks)
+        at = [self.cpu[r] for r in ranks] if issued is None else issued
+        start = max(max(a, clocks[r]) for a, r in zip(at, ranks))
         end = start + dur
         for r in ranks:
             clocks[r] = end
@@ -122,5 +142,8 @@ class Timeline:
         return {k: v * 1e3 for k, v in self.phase_s[r].items()}
 
     def rank_events(self, r: int, with_streams: bool = True) -> list[dict]:
-        evs = list(self.events[r]) + (list(self.stream_events[r]) if with_streams else [])
+        """Rank r's phase events and (optionally) its comm-stream events, times since its origin."""
+        shift = self.origin[r] * 1e3
+        streams = [{**e, "start_ms": e["start_ms"] - shift} for e in self.stream_events[r]] if with_streams else []
+        evs = list(self.events[r]) + streams
         return sorted(evs, key=lambda e: e["start_ms"])  # stable: blocks keep their program order

@@ -37,9 +37,9 @@ import yaml
 from canzona.config import load_config
 from canzona.errors import ConfigError
 from canzona.overrides import build, split_argv
-from canzona.records import read_jsonl
+from canzona.records import PHASES, read_jsonl
 from canzona.sim.profile import Profile, load_profile
-from canzona.sim.simulate import PHASES, project
+from canzona.sim.simulate import project
 
 METRICS = ("optimizer_step_ms", "iteration_ms", "param_sync_ms", "grad_reduce_ms")
 HEADLINE = ("optimizer_step_ms", "iteration_ms")

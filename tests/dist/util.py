@@ -4,7 +4,10 @@
 launcher env (``MASTER_ADDR``, ``MASTER_PORT`` of a free port, ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``) and one torch thread, calls ``fn(rank, world, *args)`` and returns the results
 in rank order. ``fn`` must be a module-level function; it initialises its own process group
-(e.g. ``canzona.model.init_parallel``) and its result must be torch.save-able. A child's
+(e.g. ``canzona.model.init_parallel``) and its result must be torch.save-able. With
+``CANZONA_NCCL_RULES=1`` in the environment (``conftest.py`` sets it for every test here) each
+child installs `canzona.dist_rules` before calling ``fn``: a collective NCCL would refuse raises
+`canzona.dist_rules.NcclRuleError` in the child, re-raised here as `ChildError`. A child's
 exception is re-raised here with the child's traceback; a run that exceeds ``timeout_s`` is
 killed (its stacks are dumped to stderr shortly before) and raises ``TimeoutError``.
 """
@@ -22,13 +25,13 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+
+from canzona import dist_rules
 from canzona.net import free_port
 
 
 class ChildError(RuntimeError):
     """A rank raised; the message carries its traceback."""
-
-
 
 
 def _child(rank: int, world: int, port: int, fn: Callable, args: tuple, q, timeout_s: float) -> None:
@@ -37,6 +40,7 @@ def _child(rank: int, world: int, port: int, fn: Callable, args: tuple, q, timeo
         LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
     )
     torch.set_num_threads(1)
+    dist_rules.install_from_env()
     faulthandler.dump_traceback_later(max(1.0, timeout_s - 3), exit=False)
     try:
         result = fn(rank, world, *args)

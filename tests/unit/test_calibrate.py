@@ -1,5 +1,6 @@
 """Calibration: a quick run on this machine yields a profile that the cost model, the planner and
-the simulator all accept. Timings are never asserted (shared machine); only structure and sanity."""
+the simulator all accept. Timings are never asserted (shared machine); only structure and sanity.
+A GPU calibration is checked where a GPU exists (``gpu`` marker)."""
 
 from __future__ import annotations
 
@@ -57,33 +58,70 @@ def _check_profile(path: Path) -> None:
 
 
 def test_quick_calibration_in_process(tmp_path: Path) -> None:
-    opts = parse_args([f"out={tmp_path / 'quick.yaml'}", "quick=true", "collectives=false", "budget_s=1.5"])
-    assert opts["model"] is False and opts["name"] == "quick"
+    opts = parse_args([f"out={tmp_path / 'quick.yaml'}", "quick=true", "collectives=false", "budget_s=1.5",
+                       "device=cpu"])
+    assert opts.model is False and opts.name == "quick" and opts.width_divs == (8, 16, 32)
     prof = calibrate(opts, log=lambda *_: None)
-    path = write_profile(prof, opts["out"])
+    path = write_profile(prof, opts.out)
     _check_profile(path)
     assert prof["model"]["source"].startswith("estimated")
+    assert prof["calibration"]["collectives_source"] == "placeholder" and prof["calibration"]["compute_processes"] == 1
+    assert any("placeholders" in note for note in prof["notes"])
 
 
 @pytest.mark.slow
 def test_quick_calibration_cli_with_gloo_collectives(tmp_path: Path) -> None:
     out = tmp_path / "cli.yaml"
-    proc = subprocess.run([sys.executable, "-m", "canzona.calibrate", f"out={out}", "quick=true"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "canzona.calibrate", f"out={out}", "quick=true", "device=cpu"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     _check_profile(out)
     data = yaml.safe_load(out.read_text())
     assert len(data["calibration"]["collective_samples"]["all_reduce"]) >= 3
+    assert data["calibration"]["collectives_source"] == "measured" and data["notes"] == []
     assert 0.0 <= data["compute"]["overlap"] <= 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_quick_gpu_calibration(tmp_path: Path) -> None:
+    """On CUDA: collectives over NCCL with two GPUs; with one, the spec's collectives, said so."""
+    import torch
+
+    out = tmp_path / "gpu.yaml"
+    proc = subprocess.run([sys.executable, "-m", "canzona.calibrate", f"out={out}", "quick=true", "device=cuda"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    data = yaml.safe_load(out.read_text())
+    assert data["device"]["kind"] == "cuda" and data["calibration"]["device"] == "cuda"
+    for opt in ("muon", "shampoo", "soap"):
+        assert all(v > 0 for v in data["updates"][opt].values())
+    source = data["calibration"]["collectives_source"]
+    if torch.cuda.device_count() >= 2:
+        assert source == "measured"
+    else:
+        assert source in ("spec", "placeholder") and data["notes"]
+        assert (source == "spec") == (data["calibration"]["spec"] is not None)
+    assert set(load_profile(str(out)).links["intra"]) == set(COLLECTIVES)
 
 
 def test_bad_arguments_are_one_line_errors() -> None:
     with pytest.raises(ConfigError, match="out=PATH is required"):
         parse_args(["quick=true"])
-    with pytest.raises(ConfigError, match="unknown key"):
+    with pytest.raises(ConfigError, match="unknown calibrate key 'qiuck'; allowed under top level: budget_s"):
         parse_args(["out=x.yaml", "qiuck=true"])
     with pytest.raises(ConfigError, match="optimizers"):
         parse_args(["out=x.yaml", "optimizers=muon,lion"])
+    with pytest.raises(ConfigError, match="unknown flag --fast"):
+        parse_args(["out=x.yaml", "--fast"])
+    with pytest.raises(ConfigError, match="quick"):
+        parse_args(["out=x.yaml", "quick=maybe"])
+    with pytest.raises(ConfigError, match="device='tpu'; allowed: auto, cpu, cuda"):
+        parse_args(["out=x.yaml", "device=tpu"])
+    with pytest.raises(ConfigError, match="spec='b200'"):
+        parse_args(["out=x.yaml", "spec=b200"])
+    with pytest.raises(ConfigError, match="width_divs"):
+        parse_args(["out=x.yaml", "width_divs=8,x"])
     proc = subprocess.run([sys.executable, "-m", "canzona.calibrate", "quick=true"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error:")
@@ -108,3 +146,25 @@ def test_fits_recover_known_parameters() -> None:
            for L, f in [(1, 1e7), (2, 2e7), (4, 3e7), (2, 9e7)]]
     fit = fit_pass(pts, "forward_s", 1.0)
     assert np.allclose([fit["fixed_s"], fit["layer_s"], fit["flops_per_s"]], [1e-3, 2e-3, 1e10], rtol=1e-6)
+
+
+def test_process_layout_and_what_one_gpu_keeps() -> None:
+    """The decisions a GPU calibration takes, checked without a GPU: how many processes, and
+    with one GPU the spec's collectives kept and said so."""
+    from canzona.calibrate.build import _collectives, match_spec, processes
+    from canzona.sim.profile import spec_profile
+
+    opts = parse_args(["out=x.yaml", "quick=true"])
+    assert processes(opts, "cpu", 0) == 2  # gloo collectives between two processes
+    assert processes(opts, "cuda", 8) == 2 and processes(opts, "cuda", 1) == 0  # quick: no model pass
+    assert processes(parse_args(["out=x.yaml"]), "cuda", 1) == 1  # the model pass, no collectives
+    assert match_spec(opts, "NVIDIA H200") == "h200" and match_spec(opts, "NVIDIA GeForce RTX 4090") is None
+    assert match_spec(parse_args(["out=x.yaml", "spec=none"]), "NVIDIA H200") is None
+    notes: list[str] = []
+    links, source, overlap = _collectives(opts, "cuda", 1, {}, "h200", notes)
+    assert source == "spec" and links == spec_profile("h200")["collectives"] and overlap == 1.0
+    assert "1 GPU visible" in notes[0] and "h200" in notes[0]
+    notes.clear()
+    links, source, _ = _collectives(opts, "cuda", 1, {}, None, notes)
+    assert source == "placeholder" and "spec=h100|h200|a100" in notes[0]
+    assert set(links["intra"]) == set(COLLECTIVES)

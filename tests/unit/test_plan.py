@@ -15,9 +15,10 @@ from canzona.config import load_config
 from canzona.inventory import QWEN3, ParamSpec, build_inventory, model_config, total_params
 from canzona.plan import dp as dpmod
 from canzona.plan.buckets import build_layout
+from canzona.plan.critical_path import critical_path
 from canzona.plan.methods import make_plan
-from canzona.plan.metrics import compute_metrics
-from canzona.plan.tp import schedule
+from canzona.plan.tp import ROUND_SLACK, MicroGroup, schedule
+from canzona.program.count import compute_metrics
 
 METHODS = ["canzona", "sync", "layerwise", "adamw"]
 
@@ -238,7 +239,10 @@ def test_joint_lpt_gives_single_matrix_bucket_to_least_loaded_rank() -> None:
 
 
 # ---------------------------------------------------------------- micro-groups
-@pytest.mark.parametrize("mode", ["global", "slot", "single", "none"])
+GROUPINGS = ["rounds", "global", "slot", "single", "none"]
+
+
+@pytest.mark.parametrize("mode", GROUPINGS)
 def test_micro_groups_cover_items_once(mode: str) -> None:
     cost = {i: float(1 + (i * 7) % 11) for i in range(40)}
     groups = schedule(list(range(40)), cost, 4, mode, 0.25)
@@ -256,12 +260,121 @@ def test_greedy_rollback_respects_capacity() -> None:
         assert max(loads) <= cap or len(g.items) == 1
 
 
+def _path(groups: list[MicroGroup], cost: dict[int, float], tp: int) -> float:
+    return sum(max(g.loads(cost, tp)) for g in groups)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    costs=st.lists(st.floats(0.01, 100.0), min_size=1, max_size=60),
+    tp=st.sampled_from([1, 2, 3, 4, 8]),
+    capacity=st.sampled_from([0.05, 0.125, 0.5, 1.0]),
+    hinted=st.booleans(),
+)
+def test_rounds_keep_every_tp_rank_busy_and_stay_balanced(
+    costs: list[float], tp: int, capacity: float, hinted: bool
+) -> None:
+    """Balanced rounds: every matrix once; a group of at least T matrices gives every TP rank
+    work; the critical path is within the slack of the best single round's (the largest TP
+    total); rounds run in non-increasing size; a hint's owners are kept."""
+    cost = dict(enumerate(costs))
+    items = list(cost)
+    hint = dict(enumerate(dpmod.lpt(costs, tp))) if hinted else None
+    groups = schedule(items, cost, tp, "rounds", capacity, hint)
+    assert sorted(i for g in groups for i in g.items) == items
+    assert len(groups) <= max(1, round(1 / capacity))
+    for g in groups:
+        if len(g.items) >= tp:
+            assert set(g.owners) == set(range(tp))
+    totals = np.zeros(tp)
+    for g in groups:
+        totals += g.loads(cost, tp)
+    assert _path(groups, cost, tp) <= (1 + ROUND_SLACK) * totals.max() * (1 + 1e-12)
+    slowest = [max(g.loads(cost, tp)) for g in groups]
+    assert slowest == sorted(slowest, reverse=True)
+    if hint is not None:
+        assert all(hint[i] == o for g in groups for i, o in zip(g.items, g.owners))
+
+
+def test_rounds_give_identical_matrices_one_per_tp_rank_per_round() -> None:
+    # 4 kinds x 8 TP ranks: every round holds one kind on every rank (no rank waits on another)
+    cost = {i: float(10 ** (i // 8)) for i in range(32)}
+    groups = schedule(list(range(32)), cost, 8, "rounds", 0.125)
+    assert len(groups) == 4
+    for g in groups:
+        assert sorted(g.owners) == list(range(8)) and len({cost[i] for i in g.items}) == 1
+    assert _path(groups, cost, 8) == pytest.approx(sum(cost.values()) / 8)
+
+
+def test_one_large_matrix_does_not_make_one_matrix_groups() -> None:
+    # the greedy rollback at this capacity puts every matrix in its own group; rounds don't
+    cost = {i: 100.0 if i < 4 else 1.0 for i in range(40)}
+    assert all(len(g.items) == 1 for g in schedule(list(range(40)), cost, 4, "global", 0.125)[:4])
+    rounds = schedule(list(range(40)), cost, 4, "rounds", 0.125)
+    assert all(set(g.owners) == set(range(4)) for g in rounds)
+    assert _path(rounds, cost, 4) == pytest.approx(109.0)  # one 100 + nine 1s per rank
+
+
 # ---------------------------------------------------------------- metrics
 def test_adamw_and_layerwise_padding() -> None:
     plan = plan_for("model=qwen3-0.6b", "model.width_div=8", "parallel.dp=4", "method=adamw")
     for ranges in plan.shard_ranges:
         assert len({b - a for a, b in ranges}) == 1  # equal ZeRO-1 shards
     assert compute_metrics(plan).memory_imbalance == pytest.approx(1.0, rel=1e-3)
+
+
+def test_critical_path_counts_each_group_at_its_slowest_tp_rank() -> None:
+    plan = plan_for("model=qwen3-0.6b", "model.width_div=16", "model.num_layers=1", "parallel.tp=2")
+    mats = [i for i in range(len(plan.params)) if plan.uses_matrix_rule(i)]
+    a, b, c, d = mats[:4]
+    cost = {i: 0.0 for i in plan.cost} | {a: 4.0, b: 3.0, c: 2.0, d: 1.0}
+    groups = ((MicroGroup((a, b), (0, 1)), MicroGroup((c, d), (0, 0))),)
+    from dataclasses import replace
+
+    hand = replace(plan, cost=cost, micro_groups=groups)
+    outside = np.array([[1.5, 0.5]])  # e.g. elementwise work the TP ranks do outside groups
+    rank_compute = np.array([[4.0 + 2.0 + 1.0, 3.0]]) + outside
+    path = critical_path(hand, rank_compute)
+    ideal = sum(cost.values()) / 2
+    assert path.per_dp.tolist() == [4.0 + 3.0 + 1.5]
+    assert path.imbalance == pytest.approx(8.5 / ideal)
+    assert path.lower_bound == pytest.approx(max(1.0, 4.0 / ideal))
+
+
+@pytest.mark.parametrize(
+    "tp,dp,expect_global,expect_single",
+    [(2, 8, 1.51, 1.00), (2, 32, 1.78, 1.00), (4, 8, 3.33, 1.00), (4, 32, 4.00, 1.27), (8, 8, 6.44, 1.00),
+     (8, 32, 8.00, 2.04)],
+)
+def test_critical_path_reproduces_issue_10_figures(tp: int, dp: int, expect_global: float, expect_single: float) -> None:
+    """The figures issue 10 quotes for Qwen3-32B (default buckets, Muon flops cost): the paper's
+    greedy rollback puts one matrix per group when a matrix exceeds the capacity, so the TP ranks
+    take turns; chunks of T sorted matrices do not."""
+    args = ("model=qwen3-32b", f"parallel.dp={dp}", f"parallel.tp={tp}")
+    for grouping, expect in (("global", expect_global), ("single", expect_single)):
+        plan = plan_for(*args, f"canzona.grouping={grouping}")
+        assert critical_path(plan, compute_metrics(plan).compute).imbalance == pytest.approx(
+            expect, abs=0.006
+        )
+
+
+@pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-14b", "qwen3-32b"])
+@pytest.mark.parametrize("tp", [2, 4, 8])
+@pytest.mark.parametrize("dp", [8, 16, 32, 64])
+def test_default_plan_meets_issue_10_critical_path_bound(model: str, tp: int, dp: int) -> None:
+    """Issue 10's acceptance: critical path <= max(1.10, 1.02 x lower bound); groups of at least
+    T matrices keep every TP rank busy; every matrix owned once, owners consistent with groups."""
+    plan = plan_for(f"model={model}", f"parallel.dp={dp}", f"parallel.tp={tp}")
+    metrics = compute_metrics(plan)
+    path = critical_path(plan, metrics.compute)
+    assert path.imbalance <= max(1.10, 1.02 * path.lower_bound)
+    assert path.imbalance >= metrics.compute_imbalance - 1e-9 and path.lower_bound == pytest.approx(metrics.lower_bound)
+    assert all(c == 1 for c in _ownership_counts(plan).values())
+    for d, groups in enumerate(plan.micro_groups):
+        for g in groups:
+            assert all(plan.dp_owner[i] == d and plan.tp_owner[i] == o for i, o in zip(g.items, g.owners))
+            if len(g.items) >= tp:
+                assert set(g.owners) == set(range(tp))
 
 
 def test_lower_bound_is_a_bound() -> None:
@@ -282,7 +395,13 @@ def test_cli_json() -> None:
     names = [p["name"] for p in doc["params"]]
     assert len(names) == len(set(names))
     assert any(n.endswith("linear_qkv.weight.k") for n in names) and not any(n.endswith("linear_qkv.weight") for n in names)
-    assert {"compute", "memory", "lower_bound"} <= set(doc["imbalance"])
+    assert {"compute", "memory", "lower_bound", "critical_path", "critical_path_lower_bound"} <= set(doc["imbalance"])
+    assert doc["imbalance"]["critical_path"] >= doc["imbalance"]["compute"] - 1e-9
+    # micro-groups per DP rank, as [name, TP owner]; names and owners as in `params`
+    owner = {p["name"]: (p["dp_owner"], p["tp_owner"]) for p in doc["params"]}
+    listed = [(name, d, o) for d, groups in enumerate(doc["micro_groups"]) for g in groups for name, o in g]
+    assert len(doc["micro_groups"]) == 2 and all(owner[n] == (d, o) for n, d, o in listed)
+    assert sorted(n for n, _, _ in listed) == sorted(p["name"] for p in doc["params"] if p["kind"] == "matrix")
     assert len(doc["ranks"]) == 4 and doc["plan_seconds"] > 0
     for p in doc["params"]:
         if p["kind"] == "matrix":
@@ -317,7 +436,7 @@ def test_cli_errors_are_one_line_exit_2(args: list[str], needle: str) -> None:
     tp=st.sampled_from([1, 2, 4, 8]),
     alpha=st.sampled_from([0.0, 0.3, 1.0]),
     bucket=st.sampled_from([50_000, 400_000, None]),
-    grouping=st.sampled_from(["global", "slot", "single", "none"]),
+    grouping=st.sampled_from(GROUPINGS),
 )
 def test_canzona_plan_properties(model: str, dp: int, tp: int, alpha: float, bucket, grouping: str) -> None:
     """Any layout: every matrix owned once, shards tile each bucket at param starts, rank-independent."""

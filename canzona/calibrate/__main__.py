@@ -1,0 +1,31 @@
+"""``python -m canzona.calibrate key=value ...`` (see `canzona.calibrate`)."""
+
+from __future__ import annotations
+
+import sys
+
+from canzona.calibrate import __doc__ as USAGE
+from canzona.calibrate.settings import parse_args
+from canzona.errors import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(USAGE)
+        return 0
+    try:
+        opts = parse_args(argv)
+        from canzona.calibrate.build import calibrate, write_profile
+
+        profile = calibrate(opts)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = write_profile(profile, opts.out)
+    print(f"wrote {path} in {profile['calibration']['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

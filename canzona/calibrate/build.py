@@ -1,0 +1,192 @@
+"""Running the calibration and assembling its profile (format: `canzona.sim.profile`)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from canzona.calibrate.compute import measure_compute
+from canzona.calibrate.fit import fit_link, fit_pass
+from canzona.calibrate.settings import Options
+from canzona.calibrate.workers import run_workers
+from canzona.errors import ConfigError
+from canzona.sim.profile import COLLECTIVES, SPECS, spec_profile
+
+# Links written when collectives are neither measured nor taken from a spec (collectives=false on CPU).
+PLACEHOLDER_LINK = {"latency_s": 1e-4, "step_latency_s": 1e-4, "bandwidth_Bps": 1e9}
+
+
+def resolve_device(opts: Options) -> tuple[str, int]:
+    """(``cpu`` | ``cuda``, CUDA devices visible) for ``opts.device`` (auto: cuda when visible)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    kind = ("cuda" if gpus else "cpu") if opts.device == "auto" else opts.device
+    if kind == "cuda" and not gpus:
+        raise ConfigError("device=cuda but no CUDA device is visible; use device=cpu or auto")
+    return kind, gpus
+
+
+def processes(opts: Options, kind: str, gpus: int) -> int:
+    """How many worker processes time the device (0: this process alone, nothing distributed).
+
+    CPU: two, sharing the cores as a trial's ranks do, whenever collectives or the model are
+    timed. CUDA: one per GPU, two when two are visible and collectives are wanted; with one GPU
+    a single worker (for the model pass) or none.
+    """
+    if kind == "cpu":
+        return 2 if (opts.collectives or opts.model) else 0
+    if opts.collectives and gpus >= 2:
+        return 2
+    return 1 if opts.model else 0
+
+
+def match_spec(opts: Options, device_name: str) -> str | None:
+    """The spec profile standing in for what cannot be measured here (``spec=auto``: the one
+    whose key appears in the device's name, e.g. h200 for "NVIDIA H200")."""
+    if opts.spec == "none":
+        return None
+    if opts.spec != "auto":
+        return opts.spec
+    return next((key for key in SPECS if key in device_name.lower()), None)
+
+
+def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
+    """Measure this machine and return the profile (a dict; `write_profile` writes it)."""
+    import torch
+
+    started = time.perf_counter()
+
+    def stamp(what: str) -> None:
+        log(f"  [{time.perf_counter() - started:5.1f} s] {what}")
+
+    kind, gpus = resolve_device(opts)
+    world = processes(opts, kind, gpus)
+    backend = "nccl" if kind == "cuda" else "gloo"
+    log(f"calibrating {kind}{f' ({gpus} GPU(s) visible)' if kind == 'cuda' else ''} with {opts.threads} "
+        f"thread(s){' (quick)' if opts.quick else ''} ...")
+    workers: dict[str, Any] = {}
+    if world:
+        workers = run_workers(opts, kind, world)
+        compute = workers["compute"]
+        stamp(f"compute ({world} process(es) at once)" + (f", collectives ({backend})" if workers.get("collectives") else "")
+              + (", model" if workers.get("model") else ""))
+    else:
+        compute = measure_compute(opts, torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else "cpu")
+        stamp("compute (this process)")
+    basics, upd = compute["basics"], compute["updates"]
+    log(f"  matmul {basics['matmul_float32'] / 1e9:.1f} GFLOP/s fp32, AdamW {basics['adamw_seconds_per_element'] * 1e9:.3f} "
+        f"ns/element; optimizer updates: {', '.join(f'{o} {len(t)} shapes' for o, t in upd['updates'].items())}")
+
+    device = _device_info(opts, kind, gpus)
+    spec = match_spec(opts, device["name"]) if kind == "cuda" else None
+    notes: list[str] = []
+    collectives, collectives_source, overlap = _collectives(opts, kind, gpus, workers, spec, notes)
+    if workers.get("collectives"):
+        intra = collectives["intra"]["all_reduce"]
+        log(f"  collectives ({backend}, 2 processes): all_reduce {intra['latency_s'] * 1e6:.0f} us + "
+            f"{intra['bandwidth_Bps'] / 1e9:.2f} GB/s")
+    for note in notes:
+        log(f"  note: {note}")
+    mm = basics["matmul_float32"]
+    model: dict[str, Any] = {"dtype": "float32"}
+    if workers.get("model"):
+        pts = workers["model"]
+        model.update(source="measured", forward=fit_pass(pts, "forward_s", 0.5 * mm),
+                     backward=fit_pass(pts, "backward_s", 0.5 * mm), points=pts)
+        log(f"  model: forward {model['forward']['flops_per_s'] / 1e9:.1f} GFLOP/s + "
+            f"{model['forward']['layer_s'] * 1e3:.2f} ms/layer")
+    else:
+        model.update(source="estimated from the matmul rate (model=false or quick=true)",
+                     forward={"fixed_s": 2e-3, "layer_s": 1.5e-3, "flops_per_s": 0.5 * mm},
+                     backward={"fixed_s": 3e-3, "layer_s": 3e-3, "flops_per_s": 0.5 * mm})
+    measured_by = f"{world or 1} process(es)" + (" on their own GPUs" if kind == "cuda" else "")
+    profile = {
+        "name": opts.name,
+        "source": "calibrated" if collectives_source != "spec" else f"calibrated, collectives spec-derived ({spec})",
+        "description": f"calibrated on {device['host']} ({device['name']}, {device['cores']} cores) with "
+                       f"{opts.threads} thread(s) per process, {measured_by}; collectives: {collectives_source}",
+        "device": device,
+        "topology": {"ranks_per_node": SPECS[spec].ranks_per_node if spec else None},
+        "compute": {
+            "matmul_flops_per_s": {"float32": mm, "bfloat16": basics["matmul_bfloat16"]},
+            "eigh_flops_per_s": upd["eigh_flops_per_s"],
+            "memory_bytes_per_s": 1.0 / basics["copy_seconds_per_byte"],
+            "call_overhead_s": float(np.median(list(upd["update_overhead_s"].values()))) if upd["update_overhead_s"] else 0.0,
+            "overlap": overlap,
+        },
+        "ns_dtype": "float32",
+        "precondition_frequency": opts.precondition_frequency,
+        "updates": upd["updates"],
+        "batched": upd["batched"],
+        "update_overhead_s": upd["update_overhead_s"],
+        **{k: basics[k] for k in ("adamw_seconds_per_element", "adamw_tensor_overhead_s", "apply_seconds_per_element",
+                                  "apply_call_overhead_s", "copy_seconds_per_byte", "copy_call_overhead_s")},
+        "model": model,
+        "collectives": collectives,
+        "notes": notes,
+        "calibration": {
+            "quick": opts.quick, "budget_s": opts.budget_s, "width_divs": list(opts.width_divs), "device": kind,
+            "compute_processes": world or 1, "spec": spec, "collectives_source": collectives_source,
+            "shapes_skipped": upd["skipped"], "shapes_retimed": upd.get("retimed", 0),
+            "overlap_measurement": workers.get("overlap"), "collective_samples": workers.get("collectives"),
+            "seconds": None,
+        },
+    }
+    profile["calibration"]["seconds"] = round(time.perf_counter() - started, 1)
+    return profile
+
+
+def _collectives(opts: Options, kind: str, gpus: int, workers: dict[str, Any], spec: str | None,
+                 notes: list[str]) -> tuple[dict[str, Any], str, float]:
+    """(the profile's ``collectives``, where they came from: measured | spec | placeholder,
+    the overlap fraction)."""
+    samples = workers.get("collectives")
+    if samples:
+        out: dict[str, Any] = {"intra": {k: fit_link(k, samples[k]) for k in COLLECTIVES}}
+        if spec:
+            out["inter"] = spec_profile(spec)["collectives"]["inter"]
+            notes.append(f"collectives between nodes (inter) are spec-derived ({spec}): one node cannot measure them")
+        return out, "measured", float((workers.get("overlap") or {}).get("overlap", 0.0))
+    why = ("collectives=false" if not opts.collectives
+           else f"{gpus} GPU visible: the collectives need two" if kind == "cuda" else "not measured")
+    if spec:
+        sp = spec_profile(spec)
+        notes.append(f"{why}; kept the spec-derived collectives and overlap of {spec} "
+                     f"(canzona.sim.profile.spec_profile('{spec}'))")
+        return sp["collectives"], "spec", float(sp["compute"]["overlap"])
+    notes.append(f"{why}; collectives are placeholders (100 us, 1 GB/s), not measurements"
+                 + (": give spec=h100|h200|a100 to use a spec's" if kind == "cuda" else ""))
+    return {"intra": {k: dict(PLACEHOLDER_LINK) for k in COLLECTIVES}}, "placeholder", 0.0
+
+
+def _device_info(opts: Options, kind: str, gpus: int) -> dict[str, Any]:
+    import torch
+
+    name = torch.cuda.get_device_name(torch.cuda.current_device()) if kind == "cuda" else (
+        platform.processor() or platform.machine())
+    info = {"name": name, "kind": kind, "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "torch": str(torch.__version__), "cores": os.cpu_count(), "threads": opts.threads,
+            "python": platform.python_version()}
+    if kind == "cuda":
+        info["gpus_visible"] = gpus
+    return info
+
+
+def write_profile(profile: dict[str, Any], out: str | Path) -> Path:
+    """Write the profile as YAML (atomically), with a header saying what wrote it."""
+    from canzona.records import atomic_write_text
+
+    out = Path(out)
+    header = (f"# Calibrated device profile, written by `python -m canzona.calibrate` on {profile['device']['host']} "
+              f"at {profile['device']['date']}.\n# Format: canzona/sim/profile.py. `updates` is the table "
+              "canzona.cost=measured reads (seconds per update of one matrix).\n")
+    atomic_write_text(out, header + yaml.safe_dump(profile, sort_keys=False, width=110))
+    return out

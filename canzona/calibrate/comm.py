@@ -1,0 +1,112 @@
+"""Timing the collectives the executors use, and how much async communication hides behind
+compute, between the calibration's processes (gloo on CPU, NCCL between two GPUs)."""
+
+from __future__ import annotations
+
+import statistics
+from functools import partial
+from typing import Any
+
+from canzona.calibrate.clock import Clock
+from canzona.sim.profile import COLLECTIVES
+
+
+def single_tensor_collectives() -> tuple[Any, Any]:
+    """(reduce_scatter, all_gather) on one flat tensor each: ``reduce_scatter_single`` /
+    ``all_gather_single`` where torch has them (2.13 on), else ``reduce_scatter_tensor`` /
+    ``all_gather_into_tensor`` (same arguments)."""
+    import torch.distributed as dist
+
+    return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor,
+            getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)
+
+
+def collective_ops(n: int, world: int, device: Any) -> dict[str, tuple[Any, float]]:
+    """kind -> (call, N bytes as `canzona.sim.profile.volume` expects) for an n-element buffer."""
+    import torch
+    import torch.distributed as dist
+
+    reduce_scatter, all_gather = single_tensor_collectives()
+    x = torch.randn(n, device=device)
+    shard, full = torch.empty(n // world, device=device), torch.empty(n, device=device)
+    return {
+        "all_reduce": (partial(dist.all_reduce, x), n * 4),
+        "reduce_scatter": (partial(reduce_scatter, shard, x), n * 4),
+        "all_gather": (partial(all_gather, full, shard), n * 4),
+        "all_to_all": (partial(dist.all_to_all_single, full, x), n * 4 * (world - 1) / world),
+        "broadcast": (partial(dist.broadcast, x, src=0), n * 4),
+        "reduce": (partial(dist.reduce, x, dst=0), n * 4),
+    }
+
+
+def sizes(quick: bool, gpu: bool) -> list[int]:
+    """Buffer sizes (elements): small ones fix the latency, large ones the bandwidth; NVLink
+    needs far larger buffers than gloo before bandwidth dominates."""
+    if gpu:
+        return [256, 1 << 16, 1 << 20, 1 << 24] if quick else [256, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
+    return [256, 1 << 16, 1 << 20] if quick else [256, 1 << 14, 1 << 17, 1 << 20, 1 << 22]
+
+
+def time_collectives(world: int, quick: bool, clock: Clock) -> dict[str, list[list[float]]]:
+    """kind -> [[N bytes, seconds], ...]: the mean over repeats (each after a barrier) on the
+    slowest rank, after a warm-up round of every kind (gloo sets pairs up lazily, NCCL its
+    channels). The mean, not the median: a step issues many collectives, so their expected time
+    is what adds up, and small messages on a shared machine have a long tail."""
+    import torch
+    import torch.distributed as dist
+
+    reps = 8 if quick else 12
+    for fn, _ in collective_ops(1 << 12, world, clock.device).values():
+        for _ in range(3):
+            fn()
+    samples: dict[str, list[list[float]]] = {k: [] for k in COLLECTIVES}
+    for n in sizes(quick, clock.cuda):
+        n -= n % world
+        for kind, (fn, nbytes) in collective_ops(n, world, clock.device).items():
+            fn()
+            times = []
+            for _ in range(reps):
+                dist.barrier()
+                times.append(clock.time(fn))
+            t = torch.tensor([statistics.fmean(times)], device=clock.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            samples[kind].append([float(nbytes), float(t)])
+    return samples
+
+
+def time_overlap(quick: bool, clock: Clock) -> dict[str, float]:
+    """Compute alone, an all-reduce alone, and both (async comm issued first): the fraction of
+    the shorter one that the overlap hides."""
+    import torch
+    import torch.distributed as dist
+
+    n, elems = (2048, 1 << 26) if clock.cuda else (256, 1 << 20)
+    a = torch.randn(n, n, device=clock.device) / n**0.5
+    reps = 20 if quick else 60
+    buf = torch.randn(elems, device=clock.device)
+
+    def compute() -> None:
+        for _ in range(reps):
+            a @ a
+
+    def comm() -> None:
+        dist.all_reduce(buf)
+
+    def both() -> None:
+        w = dist.all_reduce(buf, async_op=True)
+        compute()
+        w.wait()
+
+    res = {}
+    for name, fn in (("compute", compute), ("comm", comm), ("both", both)):
+        fn()
+        ts = []
+        for _ in range(3):
+            dist.barrier()
+            ts.append(clock.time(fn))
+        t = torch.tensor([min(ts)], device=clock.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        res[name] = float(t)
+    hidden = res["compute"] + res["comm"] - res["both"]
+    res["overlap"] = float(min(1.0, max(0.0, hidden / max(1e-12, min(res["compute"], res["comm"])))))
+    return res

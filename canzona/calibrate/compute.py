@@ -1,0 +1,184 @@
+"""Timing the maths on one device: matmul rates, copies, AdamW, apply, and each matrix
+optimizer's update per shape (steady state, batched as the executor batches, and refreshes)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from canzona.calibrate.clock import Clock, solo
+from canzona.calibrate.settings import Options
+from canzona.calibrate.shapes import calibration_shapes, local_sweep_shapes
+from canzona.sim.profile import refresh_flops, steady_flops
+
+Sync = Callable[[bool], bool]
+
+
+def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, float]:
+    """Matmul rates, copies, AdamW and apply per element / per call. A GPU gets larger operands:
+    at CPU sizes its kernels would measure launch overhead, not rates."""
+    import torch
+
+    from canzona.optim.adamw import AdamW
+    from canzona.optim.rule import apply_update
+
+    dev = clock.device
+    gpu = clock.cuda
+    out: dict[str, float] = {}
+    n = (2048 if quick else 4096) if gpu else (384 if quick else 768)
+    a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
+    clock.time(lambda: a @ b)
+    out["matmul_float32"] = 2 * n**3 / clock.median(lambda: a @ b, 5, 1.0, sync)
+    ab, bb = a.bfloat16(), b.bfloat16()
+    clock.time(lambda: ab @ bb)
+    out["matmul_bfloat16"] = 2 * n**3 / clock.median(lambda: ab @ bb, 3, 1.0, sync)
+    elems = ((1 << 24) if quick else (1 << 26)) if gpu else ((1 << 18) if quick else (1 << 20))
+    x, y = torch.randn(elems, device=dev), torch.randn(elems, device=dev)
+    t = clock.median(lambda: torch.cat([x, y]), 5, 0.5, sync)
+    tiny = [torch.randn(64, device=dev) for _ in range(32)]
+    t_tiny = clock.median(lambda: [torch.cat([v, v]) for v in tiny], 5, 0.5, sync)
+    out["copy_seconds_per_byte"] = t / (2 * elems * 4)
+    out["copy_call_overhead_s"] = max(0.0, t_tiny / 32 - 2 * 64 * 4 * out["copy_seconds_per_byte"])
+    rule = AdamW((0.9, 0.95), 1e-8)
+    # three sets of (param, grad, state) used in turn, so that each call starts with cold caches
+    sets = [(torch.randn(elems, device=dev), torch.randn(elems, device=dev),
+             rule.init_state((elems,), dev, torch.float32)) for _ in range(3)]
+    turn = [0]
+
+    def adam_big() -> None:
+        p, g, st = sets[turn[0] % 3]
+        turn[0] += 1
+        (d,) = rule.directions([g], [st], 2)
+        apply_update(p, d, 1e-3, 0.01)
+
+    ps = [torch.randn(64, device=dev) for _ in range(32)]
+    sts = [rule.init_state((64,), dev, torch.float32) for _ in ps]
+
+    def adam_tiny() -> None:
+        for q, d in zip(ps, rule.directions(ps, sts, 2)):
+            apply_update(q, d, 1e-3, 0.01)
+
+    clock.time(adam_big)
+    out["adamw_seconds_per_element"] = clock.median(adam_big, 5, 1.0, sync) / elems
+    out["adamw_tensor_overhead_s"] = max(0.0, clock.median(adam_tiny, 5, 0.5, sync) / 32
+                                         - 64 * out["adamw_seconds_per_element"])
+    p, u = sets[0][0], torch.randn(elems, device=dev)
+    out["apply_seconds_per_element"] = clock.median(lambda: apply_update(p, u, 1e-3, 0.01), 5, 0.5, sync) / elems
+    ut = torch.randn(64, device=dev)
+    t_ap = clock.median(lambda: [apply_update(q, ut, 1e-3, 0.01) for q in ps], 5, 0.5, sync)
+    out["apply_call_overhead_s"] = max(0.0, t_ap / 32 - 64 * out["apply_seconds_per_element"])
+    return out
+
+
+def time_updates(optimizers: tuple[str, ...] | list[str], shapes: list[tuple[int, int]], budget_s: float,
+                 quick: bool, freq: int, flops_rate: float, clock: Clock, required: int = 0,
+                 sync: Sync = solo) -> dict[str, Any]:
+    """Per optimizer and shape: steady slope / overhead (batch 1 and 4) and refresh seconds; the
+    first ``required`` shapes are timed even past the budget. ``sync(go) -> go`` agrees on every
+    go / skip decision across the calibrating processes (and lines them up), so they time the
+    same shapes at the same moments, as a trial's ranks run their steps."""
+    import torch
+
+    from canzona.optim.registry import make_rule
+    from canzona.optim.section import OptimizerSection
+
+    dev = clock.device
+    per_shape_cap = 0.05 if quick else 0.5  # skip shapes whose one update would take longer
+    small = 0.02  # below this, also time a batch of 4 to split per-call overhead from slope
+    refresh_cap = 0.05 if quick else 0.6
+    batched: dict[str, dict[str, dict[str, float]]] = {o: {} for o in optimizers}
+    rules = {o: make_rule(OptimizerSection(name=o, precondition_frequency=freq), "matrix") for o in optimizers}
+    overhead: dict[str, float] = {}
+    eigh_samples: list[tuple[float, float]] = []  # (refresh flops, seconds)
+    deadline = time.perf_counter() + budget_s
+
+    def call(rule, grads, states, step, reps: int = 3) -> float:
+        return clock.median(lambda: rule.directions(grads, states, step), reps, 0.3 * reps)
+
+    def fresh(rule, m: int, n: int, count: int) -> tuple[list, list]:
+        return ([torch.randn(m, n, device=dev) for _ in range(count)],
+                [rule.init_state((m, n), dev, torch.float32) for _ in range(count)])
+
+    def time_shape(o: str, m: int, n: int, reps: int) -> dict[str, float]:
+        rule = rules[o]
+        g1, s1 = fresh(rule, m, n, 1)
+        rule.directions(g1, s1, 2)  # warm up
+        t1 = call(rule, g1, s1, 2, reps)
+        if t1 < small:
+            g4, s4 = fresh(rule, m, n, 4)
+            rule.directions(g4, s4, 2)
+            t4 = call(rule, g4, s4, 2, reps)
+            slope = max((t4 - t1) / 3, 0.25 * t1)
+            ovh = min(max(t1 - slope, 0.0), t1)
+        else:
+            ovh = min(overhead[o], 0.5 * t1)
+            slope = t1 - ovh
+        return {"slope_s": slope, "overhead_s": ovh, "single_s": t1}
+
+    for o, rule in rules.items():  # per-call overhead from a tiny matrix
+        g, st = fresh(rule, 8, 16, 1)
+        rule.directions(g, st, 2)
+        overhead[o] = call(rule, g, st, 2)
+    skipped = 0
+    for k, (m, n) in enumerate(shapes):
+        for o, rule in rules.items():
+            est = steady_flops(o, m, n) / flops_rate
+            go = k < required or (est <= per_shape_cap and time.perf_counter() <= deadline)
+            if not sync(go):
+                skipped += 1
+                continue
+            key = f"{m}x{n}"
+            entry = time_shape(o, m, n, 5 if k < required else 3)
+            if o != "muon":
+                rf = refresh_flops(o, m, n)
+                if sync(rf / (0.1 * flops_rate) <= refresh_cap and time.perf_counter() < deadline):
+                    _, s_r = fresh(rule, m, n, 1)
+                    if o == "soap":  # a valid basis for the power-iteration refresh
+                        for key_, size in (("Q_L", m), ("Q_R", n), ("L", m), ("R", n)):
+                            s_r[0][key_].copy_(torch.eye(size, device=dev))
+                    step = 1 if o == "shampoo" else 1 + freq
+                    t_r = clock.median(partial(rule.directions, [torch.randn(m, n, device=dev)], s_r, step), 2, 0.5)
+                    entry["refresh_s"] = max(0.0, t_r - entry["single_s"])
+                    eigh_samples.append((rf, entry["refresh_s"]))
+            batched[o][key] = entry
+    # Outlier guard: a shape several times slower per flop than the median was probably timed
+    # while something else ran; time it again (on every process, if any flags it), keep the faster.
+    retimed = 0
+    for o in optimizers:
+        per_flop = {key: e["single_s"] / steady_flops(o, *(int(x) for x in key.split("x"))) for key, e in batched[o].items()}
+        if not per_flop:
+            continue
+        typical = statistics.median(per_flop.values())
+        for key in list(batched[o]):
+            if not sync(per_flop[key] <= 3.0 * typical):
+                m, n = (int(x) for x in key.split("x"))
+                again = time_shape(o, m, n, 5)
+                if again["single_s"] < batched[o][key]["single_s"]:
+                    batched[o][key].update(again)
+                retimed += 1
+    rate = (sum(f for f, _ in eigh_samples) / max(1e-12, sum(s for _, s in eigh_samples))) if eigh_samples else 0.1 * flops_rate
+    updates: dict[str, dict[str, float]] = {o: {} for o in optimizers}
+    for o in optimizers:
+        for key, e in batched[o].items():
+            m, n = (int(x) for x in key.split("x"))
+            if o != "muon" and "refresh_s" not in e:
+                e["refresh_s"] = refresh_flops(o, m, n) / rate
+                e["refresh_estimated"] = True
+            updates[o][key] = e["single_s"] + e.get("refresh_s", 0.0) / freq
+    return {"batched": batched, "updates": updates, "update_overhead_s": overhead, "eigh_flops_per_s": rate,
+            "skipped": skipped, "retimed": retimed}
+
+
+def measure_compute(opts: Options, device: Any, sync: Sync = solo) -> dict[str, Any]:
+    """Basics and optimizer updates on ``device`` with ``opts.threads`` threads in this process."""
+    import torch
+
+    torch.set_num_threads(opts.threads)
+    clock = Clock(device)
+    basics = time_basics(opts.quick, clock, sync)
+    upd = time_updates(opts.optimizers, calibration_shapes(opts.width_divs), opts.budget_s, opts.quick,
+                       opts.precondition_frequency, basics["matmul_float32"], clock, len(local_sweep_shapes()), sync)
+    return {"basics": basics, "updates": upd}

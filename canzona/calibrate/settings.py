@@ -1,0 +1,89 @@
+"""The calibration's command line: ``key=value`` settings, parsed by `canzona.overrides`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from canzona.errors import ConfigError
+from canzona.overrides import build, split_argv
+from canzona.sim.profile import SPECS
+
+OPTIMIZERS = ("muon", "shampoo", "soap")
+DEVICES = ("auto", "cpu", "cuda")
+SPEC_CHOICES = ("auto", "none", *SPECS)
+
+
+@dataclass
+class Settings:
+    """What may be given on the command line (see the package docstring for each key)."""
+
+    out: str | None = None
+    name: str | None = None
+    quick: bool = False
+    budget_s: float | None = None
+    threads: int = 1
+    width_divs: str = "8,16,32"
+    optimizers: str = "muon,shampoo,soap"
+    collectives: bool = True
+    model: bool | None = None
+    precondition_frequency: int = 10
+    device: str = "auto"
+    spec: str = "auto"
+
+
+@dataclass(frozen=True)
+class Options:
+    """The settings resolved: defaults that depend on ``quick`` filled in, lists split."""
+
+    out: str
+    name: str
+    quick: bool
+    budget_s: float
+    threads: int
+    width_divs: tuple[int, ...]
+    optimizers: tuple[str, ...]
+    collectives: bool
+    model: bool
+    precondition_frequency: int
+    device: str  # auto | cpu | cuda (auto is resolved where torch is imported)
+    spec: str
+
+
+def parse_args(argv: Sequence[str]) -> Options:
+    """The command line as `Options`; every mistake is one `ConfigError` line."""
+    s = build(Settings, split_argv(argv, usage="e.g. out=profiles/local.yaml quick=true").overrides,
+              what="calibrate")
+    if not s.out:
+        raise ConfigError("out=PATH is required, e.g. out=profiles/local.yaml")
+    width_divs = tuple(_ints("width_divs", s.width_divs))
+    optimizers = tuple(x.strip() for x in s.optimizers.split(",") if x.strip())
+    for o in optimizers:
+        if o not in OPTIMIZERS:
+            raise ConfigError(f"optimizers: {o!r} is not one of {', '.join(OPTIMIZERS)}")
+    if s.device not in DEVICES:
+        raise ConfigError(f"device={s.device!r}; allowed: {', '.join(DEVICES)}")
+    if s.spec not in SPEC_CHOICES:
+        raise ConfigError(f"spec={s.spec!r}; allowed: {', '.join(SPEC_CHOICES)}")
+    if s.threads < 1 or s.precondition_frequency < 1:
+        raise ConfigError(f"threads={s.threads} and precondition_frequency={s.precondition_frequency} must be >= 1")
+    budget = s.budget_s if s.budget_s is not None else (3.0 if s.quick else 30.0)
+    if budget <= 0:
+        raise ConfigError(f"budget_s={budget} must be positive")
+    return Options(
+        out=s.out, name=s.name or Path(s.out).stem, quick=s.quick, budget_s=float(budget), threads=s.threads,
+        width_divs=width_divs, optimizers=optimizers, collectives=s.collectives,
+        model=(not s.quick) if s.model is None else s.model, precondition_frequency=s.precondition_frequency,
+        device=s.device, spec=s.spec,
+    )
+
+
+def _ints(key: str, text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{key}={text!r} must be comma-separated integers, e.g. 8,16,32") from None
+    if any(v < 1 for v in out):
+        raise ConfigError(f"{key}={text!r} must be positive integers")
+    return out

@@ -1,0 +1,66 @@
+"""The calibration's worker processes: compute timed by every process at once (as a trial's
+ranks share the machine), then the collectives between them and the model passes.
+
+``world`` processes on this host, each with the calibration's device: on CPU two processes over
+gloo; on CUDA one process per GPU (``cuda:<rank>``) over ``cpu:gloo,cuda:nccl`` -- two when two
+GPUs are visible, else one, which measures compute and the model but no collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from canzona.calibrate.clock import Clock
+from canzona.calibrate.comm import time_collectives, time_overlap
+from canzona.calibrate.compute import measure_compute
+from canzona.calibrate.model_pass import time_model
+from canzona.calibrate.settings import Options
+from canzona.net import free_port
+
+TIMEOUT_S = 600.0
+
+
+def worker(rank: int, world: int, port: int, opts: Options, device_kind: str, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from canzona.model.parallel import destroy_parallel, init_parallel
+
+    torch.set_num_threads(opts.threads)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)})
+    ctx = init_parallel(1, device_kind, TIMEOUT_S)
+    try:
+        def agree(go: bool) -> bool:
+            """Every process takes the same go / skip decision (the most cautious one)."""
+            flag = torch.tensor([1 if go else 0], device=ctx.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            return bool(flag.item())
+
+        result: dict[str, Any] = {"compute": measure_compute(opts, ctx.device, agree)}
+        dist.barrier()
+        clock = Clock(ctx.device)
+        if opts.collectives and world > 1:
+            result["collectives"] = time_collectives(world, opts.quick, clock)
+            result["overlap"] = time_overlap(opts.quick, clock)
+        if opts.model:
+            result["model"] = time_model(rank, world, clock)
+        if rank == 0:
+            Path(out).write_text(json.dumps(result))
+    finally:
+        destroy_parallel()
+
+
+def run_workers(opts: Options, device_kind: str, world: int) -> dict[str, Any]:
+    """Start ``world`` workers and return rank 0's results (raises if a worker fails)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "result.json")
+        mp.start_processes(worker, args=(world, free_port(), opts, device_kind, out), nprocs=world, join=True,
+                           start_method="spawn")
+        return json.loads(Path(out).read_text())

@@ -1,0 +1,254 @@
+"""The executor: runs one rank's `Program` on real process groups, tensors and the model.
+
+It decides nothing: the program says what to issue, wait for, compute and apply, in which
+order. The runtime owns the flat buffers (`FlatBuffers`), the communicator (`Communicator`,
+which records what it hands to torch per action) and the optimizer state (`MatrixUpdates` for
+whole-matrix rules, `ElementwiseUpdates` for AdamW ranges), and books each action's time to the
+phase the program names (`StepTimer`).
+
+Data flows between actions by tag: a gather's result (full matrices) feeds a `Compute` whose
+``source`` names it, a `Compute`'s updates feed a scatter or an `Apply`, a scatter's received
+shards feed an `Apply`.
+
+bf16: the model's parameters (and the flat parameter buffer the DP all-gather fills) are bf16;
+the optimizer updates fp32 main parameters held for the program's ``main_ranges`` only and
+copies them into the model at the end of the step (`CopyToModel`). In fp32 the model's
+parameters are the main parameters.
+
+Overlapped parameter gather: the gathers the step issues stay in flight; `Forward` lists, per
+gather, the first parameter that needs it, and a forward pre-hook on that parameter's module
+waits for it (booked as ``param_sync``, the exposed part).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import torch
+from torch import nn
+
+from canzona.executor.buffer import FlatBuffers
+from canzona.executor.comm import Communicator, Pending, Recorder
+from canzona.optim.clip import clip_coefficient, sum_of_squares
+from canzona.optim.owner import ElementwiseUpdates, MatrixUpdates
+from canzona.program.actions import (
+    COMM_TYPES,
+    Apply,
+    Backward,
+    ClipScale,
+    Compute,
+    CopyToModel,
+    Elementwise,
+    Forward,
+    GradNorm,
+    Mark,
+    Program,
+    Wait,
+)
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class Runtime:
+    def __init__(self, model: nn.Module, plan, program: Program, optimizer_cfg, ctx):
+        if (plan.dp, plan.tp) != (ctx.dp, ctx.tp) or (program.dp_rank, program.tp_rank) != (ctx.dp_rank, ctx.tp_rank):
+            raise ValueError(
+                f"program of rank (dp {program.dp_rank}, tp {program.tp_rank}) of a dp={plan.dp} tp={plan.tp} plan "
+                f"cannot run on rank (dp {ctx.dp_rank}, tp {ctx.tp_rank}) of dp={ctx.dp} tp={ctx.tp}"
+            )
+        self.model, self.plan, self.program = model, plan, program
+        self.buffers = FlatBuffers(model, plan.layout, ctx.device, _TORCH_DTYPES[program.param_dtype])
+        # fp32 main parameters (bf16 training): one tensor per main range, from the model's values
+        self._main_starts = [a for a, _ in program.main_ranges]
+        self._main = [self.buffers.param_buf[a:b].float() for a, b in program.main_ranges]
+        self.recorder = Recorder()
+        self.comm = Communicator(ctx.dp_group, ctx.tp_group, ctx.device, self.recorder)
+        self.matrices = MatrixUpdates(plan.params, optimizer_cfg)
+        self.elementwise = ElementwiseUpdates(optimizer_cfg)
+        self.tp_dims = {i: p.tp_dim for i, p in enumerate(plan.params) if p.tp_dim is not None}
+        self.steps = 0
+        self.pending: dict[str, Pending] = {}
+        self.results: dict[str, Any] = {}
+        self.computed: set[int] = set()  # matrices whose full update this rank computed
+        self.loss: torch.Tensor | None = None
+        self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._timer = None
+        backward = next((a for a in program.actions if isinstance(a, Backward)), None)
+        self._backward_index = program.actions.index(backward) if backward is not None else -1
+        self._hooks = {h.bucket: h.issue for h in backward.hooks} if backward is not None else {}
+        partial = {i for i, _ in backward.tp_partial} if backward is not None else set()
+        self.buffers.install_hooks(self._bucket_ready if self._hooks else None,
+                                   self._partial_grad if partial else None)
+        self._partial = partial
+        forward = program.actions[0] if program.actions and isinstance(program.actions[0], Forward) else None
+        self._install_gather_waits(forward.waits if forward is not None else ())
+
+    def _partial_grad(self, i: int, grad: torch.Tensor) -> torch.Tensor:
+        """A replicated param's partial gradient (q/k-norm) summed over TP, in fp32 as Megatron
+        sums such gradients on its fp32 main grads."""
+        if i not in self._partial:
+            return grad
+        full = grad.float()
+        self.comm.tp_partial_reduce(full)
+        return full
+
+    def _install_gather_waits(self, waits) -> None:
+        """A forward pre-hook on the module owning each listed param waits for its gather and
+        dispatches the next one (Megatron's overlapped parameter gather)."""
+        if not waits:
+            return
+        owner = {}
+        index = {id(p): i for i, p in enumerate(self.buffers.params)}
+        for module in self.model.modules():
+            for p in module.parameters(recurse=False):
+                owner.setdefault(index[id(p)], module)
+        for w in waits:
+            def pre_hook(_module, _args, w=w) -> None:
+                with self._timer.phase("param_sync", f"wait {w.tag}"):
+                    self._gather_wait(w)
+
+            owner[w.param].register_forward_pre_hook(pre_hook)
+        for a in self.program.prologue:  # as if a previous step had ended
+            self._issue(a)
+
+    def _gather_wait(self, w) -> None:
+        pend = self.pending.pop(w.tag, None)
+        if pend is not None:
+            pend.wait()
+        if w.then is not None:
+            self._issue(w.then)
+
+    # ------------------------------------------------------------------ running
+    def iteration(self, tokens: torch.Tensor, labels: torch.Tensor, timer) -> torch.Tensor:
+        """One training iteration; returns this rank's loss."""
+        self._batch = (tokens, labels)
+        self.run(self.program.actions, timer)
+        assert self.loss is not None
+        return self.loss
+
+    def run(self, actions, timer) -> None:
+        self._timer = timer
+        for a in actions:
+            self._do(a, timer)
+
+    def load_grads(self, local_grads: list[torch.Tensor], timer) -> None:
+        """Run one step from given TP-local gradients instead of forward/backward (parity tests):
+        the gradients land in the buffer, every bucket hook fires, the rest of the program runs.
+        Parameter gathers the last step left in flight are completed first, as forward would."""
+        first = self.program.actions[0] if self.program.actions else None
+        self._start()
+        for w in first.waits if isinstance(first, Forward) else ():
+            self._gather_wait(w)
+        for i, g in enumerate(local_grads):
+            self.buffers.grad_view(i).copy_(g)
+        self._timer = timer
+        self.buffers.mark_all_ready()
+        self.run(self.program.actions[self._backward_index + 1 :], timer)
+
+    def finish(self, timer) -> None:
+        """Complete whatever the program leaves in flight after its last iteration."""
+        self.run(self.program.drain, timer)
+
+    def bytes_by_tag(self) -> dict[str, list[int]]:
+        """Per action tag: [input bytes, output bytes, calls] handed to torch.distributed."""
+        return self.recorder.bytes_by_tag()
+
+    # ------------------------------------------------------------------ main parameters
+    def main_slice(self, lo: int, hi: int) -> torch.Tensor:
+        """The parameters this rank updates over buffer range [lo, hi): fp32 main parameters
+        in bf16 training, the model's own parameters in fp32."""
+        if not self._main:
+            return self.buffers.param_buf[lo:hi]
+        k = bisect.bisect_right(self._main_starts, lo) - 1
+        start, end = self.program.main_ranges[max(k, 0)]
+        if k < 0 or hi > end:
+            raise RuntimeError(f"buffer range [{lo}, {hi}) is not in this rank's main parameters")
+        return self._main[k][lo - start : hi - start]
+
+    def main_view(self, index: int) -> torch.Tensor:
+        s = self.buffers.slots[index]
+        return self.main_slice(s.start, s.end).view(self.buffers.params[index].shape)
+
+    # ------------------------------------------------------------------ actions
+    def _start(self) -> None:
+        self.buffers.start_step()
+        self.recorder.reset()
+        self.results = {}
+
+    def _bucket_ready(self, b: int) -> None:
+        for comm in self._hooks[b]:
+            self._issue(comm)
+
+    def _issue(self, a) -> None:
+        if a.tag in self.pending:
+            raise RuntimeError(f"action {a.tag!r} issued twice before its wait")
+        buf = self.buffers
+        self.pending[a.tag] = self.comm.issue(
+            a, buf.param_buf, buf.grad_buf, self.results, buf.grad_view, buf.param_view, self.tp_dims
+        )
+
+    @torch.no_grad()
+    def _step_action(self, a, timer) -> None:
+        buf = self.buffers
+        if isinstance(a, Compute):
+            with timer.phase(a.phase, a.tag):
+                gathered = self.results.get(a.source, {}) if a.source else {}
+                fulls = [gathered[i] if i in gathered else buf.grad_view(i) for i in a.items]
+                self.results[a.tag] = dict(zip(a.items, self.matrices.directions(list(a.items), fulls, self.steps)))
+                self.computed.update(a.items)
+        elif isinstance(a, Apply):
+            with timer.phase(a.phase, a.tag):
+                updates = self.results.get(a.source, {})
+                cut = set(a.slice_tp)
+                for i in a.items:
+                    u = updates[i]
+                    if i in cut:
+                        u = u.chunk(self.plan.tp, dim=self.tp_dims[i])[self.program.tp_rank]
+                    self.matrices.apply(self.main_view(i), u)
+        elif isinstance(a, Elementwise):
+            with timer.phase(a.phase, a.tag):
+                keys = list(a.ranges)
+                self.elementwise.step(keys, [self.main_slice(s, e) for s, e in keys],
+                                      [buf.grad_buf[s:e] for s, e in keys], self.steps)
+        elif isinstance(a, GradNorm):
+            with timer.phase(a.phase, a.tag):
+                self.results[a.tag] = sum_of_squares(buf.grad_buf[s:e] for s, e in a.ranges)
+        elif isinstance(a, ClipScale):
+            with timer.phase(a.phase, a.tag):
+                coef = clip_coefficient(float(self.results[a.norm]), a.max_norm)
+                if coef is not None:
+                    for s, e in a.ranges:
+                        buf.grad_buf[s:e].mul_(coef)
+                self.results[a.tag] = coef
+        elif isinstance(a, CopyToModel):
+            with timer.phase(a.phase, a.tag):
+                for (s, e), main in zip(self.program.main_ranges, self._main):
+                    buf.param_buf[s:e].copy_(main)
+        else:
+            raise TypeError(f"the runtime cannot run {type(a).__name__}")
+
+    def _do(self, a, timer) -> None:
+        if isinstance(a, Forward):
+            self._start()
+            tokens, labels = self._batch
+            with timer.phase(a.phase):
+                self.loss = self.model(tokens, labels)
+        elif isinstance(a, Backward):
+            with timer.phase(a.phase):
+                self.loss.backward()
+            self.buffers.check_complete()
+        elif isinstance(a, COMM_TYPES):
+            with timer.phase(a.phase, a.tag):
+                self._issue(a)
+        elif isinstance(a, Wait):
+            with timer.phase(a.phase, a.label or None):
+                for tag in a.tags:
+                    pend = self.pending.pop(tag)
+                    self.results[tag] = pend.wait()
+        elif isinstance(a, Mark):
+            if a.name == "step_start":
+                self.steps += 1
+            timer.mark(a.name)
+        else:
+            self._step_action(a, timer)

@@ -1,0 +1,130 @@
+"""Plan metrics as a counting pass over the per-rank programs (pure).
+
+Per rank: the optimizer compute it runs (cost-model units: each `Compute` item's full-tensor
+cost, and for `Elementwise` ranges the covered fraction of each parameter's cost), the
+optimizer-state elements it holds (a full matrix for each computed matrix, each covered element
+for elementwise ranges), the bytes it sends and receives over its links per iteration (ring /
+chain volumes of every call, `Call.wire_elems`) and the number of collective calls it makes.
+
+Imbalance (max rank load ÷ the work counted once ÷ ranks) therefore charges redundant work to
+the method that does it: `sync` on T TP ranks computes every matrix on every rank.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from canzona.plan.critical_path import lower_bound
+from canzona.program.actions import DTYPE_BYTES, Compute, Elementwise, Program
+
+
+@dataclass(frozen=True)
+class PlanMetrics:
+    compute: np.ndarray  # [dp, tp] load in cost units
+    numel: np.ndarray  # [dp, tp] optimizer-state elements held
+    compute_imbalance: float
+    memory_imbalance: float
+    lower_bound: float
+    send_bytes: np.ndarray  # [dp, tp] per iteration
+    recv_bytes: np.ndarray
+    collectives: int  # most collective calls any rank makes per iteration
+
+    def ranks(self) -> list[dict[str, float | int]]:
+        dp, tp = self.compute.shape
+        return [
+            {
+                "dp_rank": d,
+                "tp_rank": t,
+                "compute": float(self.compute[d, t]),
+                "numel": int(self.numel[d, t]),
+                "send_bytes": int(self.send_bytes[d, t]),
+                "recv_bytes": int(self.recv_bytes[d, t]),
+            }
+            for d in range(dp)
+            for t in range(tp)
+        ]
+
+    def imbalance(self) -> dict[str, float]:
+        return {"compute": self.compute_imbalance, "memory": self.memory_imbalance, "lower_bound": self.lower_bound}
+
+
+class _Slots:
+    """Which parameter each buffer element belongs to (for elementwise ranges)."""
+
+    def __init__(self, plan):
+        slots = sorted((s for b in plan.layout.buckets for s in b.params), key=lambda s: s.start)
+        self.starts = [s.start for s in slots]
+        self.slots = slots
+
+    def overlaps(self, lo: int, hi: int):
+        k = max(0, bisect.bisect_right(self.starts, lo) - 1)
+        while k < len(self.slots) and self.slots[k].start < hi:
+            s = self.slots[k]
+            n = min(hi, s.end) - max(lo, s.start)
+            if n > 0:
+                yield s.index, n
+            k += 1
+
+
+def count_program(plan, program: Program, slots: _Slots | None = None) -> tuple[float, float, float, float, int]:
+    """(compute, state elements, sent bytes, received bytes, calls) of one rank's program."""
+    slots = slots or _Slots(plan)
+    sizes = {"dp": plan.dp, "tp": plan.tp, "world": plan.dp * plan.tp}
+    compute = numel = 0.0
+    for a in program.actions:
+        if isinstance(a, Compute):
+            compute += sum(plan.cost[i] for i in a.items)
+            numel += sum(plan.params[i].numel for i in a.items)
+        elif isinstance(a, Elementwise):
+            for lo, hi in a.ranges:
+                for i, n in slots.overlaps(lo, hi):
+                    compute += plan.cost[i] * n / plan.params[i].numel
+                    numel += n
+    sent = recv = 0.0
+    calls = program.calls()
+    for _, c in calls:
+        s, r = c.wire_elems(sizes[c.axis])
+        width = DTYPE_BYTES[c.dtype]
+        sent += s * width
+        recv += r * width
+    return compute, numel, sent, recv, len(calls)
+
+
+def count_programs(plan, programs: Sequence[Program]) -> PlanMetrics:
+    dp, tp = plan.dp, plan.tp
+    compute = np.zeros((dp, tp))
+    numel = np.zeros((dp, tp))
+    send = np.zeros((dp, tp))
+    recv = np.zeros((dp, tp))
+    calls = 0
+    slots = _Slots(plan)
+    for prog in programs:
+        c, n, s, r, k = count_program(plan, prog, slots)
+        d, t = prog.dp_rank, prog.tp_rank
+        compute[d, t], numel[d, t], send[d, t], recv[d, t] = c, n, s, r
+        calls = max(calls, k)
+    ranks = dp * tp
+    ideal = sum(plan.cost.values()) / ranks
+    total_numel = sum(p.numel for p in plan.params)
+    return PlanMetrics(
+        compute=compute,
+        numel=numel,
+        compute_imbalance=float(compute.max() / ideal) if ideal else 1.0,
+        memory_imbalance=float(numel.max() / (total_numel / ranks)),
+        lower_bound=lower_bound(plan),
+        send_bytes=send,
+        recv_bytes=recv,
+        collectives=calls,
+    )
+
+
+def compute_metrics(plan) -> PlanMetrics:
+    """Lower every rank's program and count it."""
+    from canzona.program.lower import lower
+
+    return count_programs(plan, lower(plan))
+

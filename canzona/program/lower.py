@@ -1,0 +1,396 @@
+"""Lowering: a method's ``Plan`` -> one `Program` per rank (pure).
+
+This is the only place that reads the plan's modes (``grad_reduce``, ``param_sync``,
+``tp_mode``, shard ranges, owners, micro-groups) and its execution settings (`Execution`:
+``dist.dp_collective``, ``dist.overlap_grad_reduce``, ``canzona.pipeline_depth``). Everything
+downstream walks the resulting actions; see `canzona.program.actions` for what each means.
+
+An iteration, in program order:
+
+1. ``Forward``; ``Backward`` whose bucket hooks issue each bucket's DP gradient reduction as
+   soon as the bucket is full (``dist.overlap_grad_reduce``; else the reductions follow
+   backward), then a ``Wait`` for all of them (the exposed gradient reduction). Sync's
+   ``zero1_gather`` variant then all-gathers the reduced gradients back.
+2. ``Mark(step_start)``; the optimizer step: the TP micro-group pipeline of the matrices this
+   DP rank owns (gather -> compute -> scatter -> apply per group, ``pipeline_depth`` groups of
+   gathers issued ahead and scatters drained to that depth), the matrices computed whole here
+   (the baselines all-gather TP shards first and duplicate the compute), the elementwise AdamW
+   ranges; ``Mark(step_end)``.
+3. The parameter sync: the DP all-gather of updated shards (or layer-wise's padded gather of
+   owned params), then a ``Wait``.
+
+Uneven DP shards (``dist.dp_collective``): ``auto`` picks, per bucket, ``even`` for equal shards
+in rank order, ``padded`` when padding every shard to the widest moves at most
+`PADDING_TOLERANCE` x the bucket, else ``coalesced`` (the per-shard rooted calls launched as one
+group: ZeRO-1's volume at one collective's latency on NCCL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from canzona.program.actions import (
+    Action,
+    Apply,
+    Backward,
+    BucketGather,
+    BucketHook,
+    BucketReduce,
+    ClipScale,
+    Comm,
+    Compute,
+    CopyToModel,
+    Elementwise,
+    Forward,
+    GatherWait,
+    GradNorm,
+    Mark,
+    NormReduce,
+    OwnedParamsGather,
+    Program,
+    Ranges,
+    TpAllGather,
+    TpGather,
+    TpScatter,
+    Wait,
+)
+
+PADDING_TOLERANCE = 1.25
+GRAD_DTYPE = "float32"  # the gradient buffer and its reductions (Megatron: fp32 grad accumulation)
+UPDATE_DTYPE = "float32"  # matrix updates are computed from fp32 gradients for fp32 main params
+
+
+def equal_in_order(ranges: Ranges) -> bool:
+    widths = {b - a for a, b in ranges}
+    return len(widths) == 1 and all(ranges[r][1] == ranges[r + 1][0] for r in range(len(ranges) - 1))
+
+
+def resolve_impl(ranges: Ranges, how: str) -> str:
+    """The implementation a bucket's uneven-shard collective uses (``auto`` decides per bucket)."""
+    if equal_in_order(ranges):
+        return "even"
+    if how != "auto":
+        return how
+    widest = max(b - a for a, b in ranges)
+    size = sum(b - a for a, b in ranges)
+    return "padded" if len(ranges) * widest <= PADDING_TOLERANCE * size else "coalesced"
+
+
+class _Lowering:
+    """Shared, rank-independent facts of one plan, computed once for all ranks."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.ex = plan.execution
+        self.dp, self.tp = plan.dp, plan.tp
+        self.param_dtype = self.ex.dtype  # bf16 parameters are all-gathered in bf16
+        self.bf16 = self.ex.dtype != "float32"
+        # every rank holds every reduced gradient (all-reduce, or sync's re-gather) or only its shards
+        self.full_grads = plan.grad_reduce == "all_reduce" or plan.regathers_grads
+        self.replicated = [p.tp_dim is None for p in plan.params]
+        self.slots = {s.index: s for b in plan.layout.buckets for s in b.params}
+        self.bucket_of = {s.index: b.index for b in plan.layout.buckets for s in b.params}
+        n = len(plan.params)
+        self.matrix = [plan.uses_matrix_rule(i) for i in range(n)]
+        self.impls = (
+            [resolve_impl(r, self.ex.dp_collective) for r in plan.shard_ranges] if plan.shard_ranges else []
+        )
+        self.tp_partial = tuple(
+            (i, p.local_numel(self.tp)) for i, p in enumerate(plan.params) if p.tp_grad_allreduce and self.tp > 1
+        )
+        if plan.param_sync == "owned_params":
+            owned = [[] for _ in range(self.dp)]
+            for b in plan.layout.buckets:
+                for s in b.params:
+                    owned[plan.dp_owner[s.index]].append(s.index)
+            self.owned = tuple(tuple(o) for o in owned)
+            self.owned_sizes = tuple(sum(self.slots[i].numel for i in o) for o in owned)
+
+    def shard(self, i: int) -> int:
+        return self.plan.params[i].local_numel(self.tp)
+
+    # ------------------------------------------------------------------ gradient reduction
+    def grad_reduce(self, d: int, b: int, phase: str) -> BucketReduce:
+        plan = self.plan
+        bucket = plan.layout.buckets[b]
+        tag = f"grad_reduce b{b}"
+        if plan.grad_reduce == "all_reduce":
+            return BucketReduce(tag, b, bucket.start, bucket.end, "all_reduce", "even", None, d, GRAD_DTYPE, True, phase)
+        ranges = plan.shard_ranges[b]
+        return BucketReduce(tag, b, bucket.start, bucket.end, "reduce_scatter", self.impls[b], ranges, d, GRAD_DTYPE,
+                            True, phase)
+
+    def iteration(self, d: int, t: int) -> list[Action]:
+        plan = self.plan
+        buckets = plan.layout.buckets
+        out: list[Action] = [Forward(self.forward_waits(d))]
+        reduces = [self.grad_reduce(d, b.index, "backward") for b in buckets] if self.dp > 1 else []
+        if self.ex.overlap_grad_reduce:
+            hooks = tuple(BucketHook(r.bucket, (r,)) for r in reduces)
+            out.append(Backward(hooks, self.tp_partial, GRAD_DTYPE))
+        else:
+            out.append(Backward((), self.tp_partial, GRAD_DTYPE))
+            out.extend(self.grad_reduce(d, b.index, "grad_reduce") for b in buckets if self.dp > 1)
+        if reduces:
+            out.append(Wait(tuple(r.tag for r in reduces), "grad_reduce", "grad reduction"))
+        if reduces and plan.regathers_grads:  # sync zero1_gather: every rank needs every gradient back
+            gathers = [BucketGather(f"grad_regather b{b}", b, "grad", self.impls[b], plan.shard_ranges[b], d,
+                                    GRAD_DTYPE, "grad_reduce") for b in range(len(buckets))]
+            out.extend(gathers)
+            out.append(Wait(tuple(g.tag for g in gathers), "grad_reduce", "gradient re-gather"))
+        out.append(Mark("step_start"))
+        step = self.step(d, t)
+        out.extend(self.clip(d, t, step))
+        out.extend(step)
+        main = self.main_ranges(step)
+        if self.bf16 and main:
+            out.append(CopyToModel("copy main->model", main))
+        out.append(Mark("step_end"))
+        out.extend(self.param_sync(d))
+        return out
+
+    # ------------------------------------------------------------------ clipping and main params
+    def _read_ranges(self, step: list[Action]) -> Ranges:
+        """Gradient ranges the step reads: its elementwise ranges and the slots of every matrix
+        it computes, gathers or sends."""
+        out: list[tuple[int, int]] = []
+        for a in step:
+            if isinstance(a, Elementwise):
+                out.extend(a.ranges)
+            elif isinstance(a, (Compute, TpGather, TpAllGather)):
+                out.extend((self.slots[i].start, self.slots[i].end) for i in a.items)
+        return merge(out)
+
+    def _norm_ranges(self, d: int, t: int) -> Ranges:
+        """What this rank counts in the gradient norm: its shards (or, holding every gradient,
+        the whole buffer), without replicated params on TP ranks other than 0 (they hold the
+        same values), so that every gradient element counts exactly once over all ranks."""
+        plan = self.plan
+        if self.full_grads or plan.shard_ranges is None:
+            mine: Ranges = ((0, plan.layout.numel),)
+        else:
+            mine = tuple(r[d] for r in plan.shard_ranges if r[d][1] > r[d][0])
+        if t == 0:
+            return mine
+        holes = sorted((s.start, s.end) for i, s in self.slots.items() if self.replicated[i])
+        return subtract(mine, holes)
+
+    def clip(self, d: int, t: int, step: list[Action]) -> list[Action]:
+        if self.ex.clip_grad <= 0:
+            return []
+        out: list[Action] = [GradNorm("grad norm", self._norm_ranges(d, t))]
+        axis = None
+        if not self.full_grads and self.dp * self.tp > 1:
+            axis = "world"
+        elif self.tp > 1:
+            axis = "tp"
+        norm = "grad norm"
+        if axis is not None:
+            out += [NormReduce("grad norm reduce", axis), Wait(("grad norm reduce",), "clip_grad", "grad norm")]
+            norm = "grad norm reduce"
+        out.append(ClipScale("clip", norm, self.ex.clip_grad, self._read_ranges(step)))
+        return out
+
+    def main_ranges(self, step: list[Action]) -> Ranges:
+        """The ranges this rank updates: its elementwise ranges and the slots of what it applies."""
+        out: list[tuple[int, int]] = []
+        for a in step:
+            if isinstance(a, Elementwise):
+                out.extend(a.ranges)
+            elif isinstance(a, Apply):
+                out.extend((self.slots[i].start, self.slots[i].end) for i in a.items)
+        return merge(out)
+
+    def _param_gathers(self, d: int) -> list[Comm]:
+        """The parameter all-gathers of DP rank d in the order the forward needs them."""
+        plan = self.plan
+        if plan.param_sync == "shards":
+            order = sorted(plan.layout.buckets, key=lambda b: min(s.index for s in b.params))
+            return [BucketGather(f"param_sync b{b.index}", b.index, "param", self.impls[b.index],
+                                 plan.shard_ranges[b.index], d, self.param_dtype, "param_sync") for b in order]
+        return [OwnedParamsGather("param_sync", self.owned, self.owned_sizes, d, self.param_dtype, "param_sync")]
+
+    def _first_param(self, g: Comm) -> int:
+        if isinstance(g, BucketGather):
+            return min(s.index for s in self.plan.layout.buckets[g.bucket].params)
+        return 0
+
+    def overlapped(self) -> bool:
+        return self.gathers_params and self.ex.overlap_param_gather
+
+    def forward_waits(self, d: int) -> tuple[GatherWait, ...]:
+        """Overlapped gather: wait for bucket k's gather before its first param's module, then
+        dispatch bucket k+1's (forward order); bucket 0's comes from the previous step."""
+        if not self.overlapped():
+            return ()
+        gathers = self._param_gathers(d)
+        return tuple(GatherWait(self._first_param(g), g.tag, gathers[k + 1] if k + 1 < len(gathers) else None)
+                     for k, g in enumerate(gathers))
+
+    @property
+    def gathers_params(self) -> bool:
+        return self.dp > 1 and self.plan.param_sync != "none"
+
+    # ------------------------------------------------------------------ the optimizer step
+    def pipelined(self, d: int) -> list[int]:
+        plan = self.plan
+        if plan.tp_mode != "pipeline":
+            return []
+        return [g_i for g in plan.micro_groups[d] for g_i in g.items]
+
+    def step(self, d: int, t: int) -> list[Action]:
+        plan = self.plan
+        out: list[Action] = []
+        if plan.tp_mode == "pipeline":
+            out.extend(self.pipeline(d, t))
+        piped = set(self.pipelined(d))
+        local = [
+            i for i in range(len(plan.params))
+            if self.matrix[i] and plan.dp_owner[i] in (None, d) and i not in piped
+        ]
+        if local:
+            dup = tuple(i for i in local if plan.tp_mode == "duplicated" and plan.params[i].tp_dim is not None)
+            source = None
+            if dup:
+                gather = TpAllGather("tp_allgather", dup, tuple(self.shard(i) for i in dup), self.tp, GRAD_DTYPE)
+                out += [gather, Wait((gather.tag,), "gather", "all-gather TP")]
+                source = gather.tag
+            out.append(Compute("compute", tuple(local), source))
+            out.append(Apply("apply", tuple(local), "compute", dup))
+        ranges = self.elementwise_ranges(d)
+        if ranges:
+            out.append(Elementwise("elementwise", ranges))
+        return out
+
+    def pipeline(self, d: int, t: int) -> list[Action]:
+        """Canzona's micro-group pipeline, unrolled: gathers of ``depth`` groups ahead are in
+        flight while a group computes; scatters are drained down to ``depth`` outstanding."""
+        groups = self.plan.micro_groups[d]
+        depth = self.ex.pipeline_depth
+        out: list[Action] = []
+        issued = 0
+        scatters: list[int] = []
+
+        def shards(g) -> tuple[int, ...]:
+            return tuple(self.shard(i) for i in g.items)
+
+        def drain(keep: int) -> None:
+            while len(scatters) > keep:
+                k = scatters.pop(0)
+                out.append(Wait((f"scatter g{k}",), "wait", f"wait scatter g{k}"))
+                out.append(Apply(f"apply g{k}", groups[k].items, f"scatter g{k}"))
+
+        for k, g in enumerate(groups):
+            while issued < min(k + 1 + depth, len(groups)):
+                gi = groups[issued]
+                out.append(TpGather(f"gather g{issued}", gi.items, gi.owners, shards(gi), t, self.tp, GRAD_DTYPE))
+                issued += 1
+            out.append(Wait((f"gather g{k}",), "wait", f"wait gather g{k}"))
+            owned = tuple(i for i, o in zip(g.items, g.owners) if o == t)
+            if owned:
+                out.append(Compute(f"compute g{k}", owned, f"gather g{k}"))
+            out.append(TpScatter(f"scatter g{k}", f"compute g{k}", g.items, g.owners, shards(g), t, self.tp,
+                                 UPDATE_DTYPE))
+            scatters.append(k)
+            drain(depth)
+        drain(0)
+        return out
+
+    def elementwise_ranges(self, d: int) -> Ranges:
+        plan = self.plan
+        if plan.elementwise_on_shards:
+            return tuple(r[d] for r in plan.shard_ranges if r[d][1] > r[d][0])
+        mine = [
+            (self.slots[i].start, self.slots[i].end) for i in range(len(plan.params))
+            if not self.matrix[i] and plan.dp_owner[i] in (None, d)
+        ]
+        return tuple(sorted(mine))
+
+    # ------------------------------------------------------------------ parameter sync
+    def param_sync(self, d: int) -> list[Action]:
+        """The DP all-gather of updated parameters, waited for here; or, overlapped, only the
+        first bucket the next forward needs is issued (the forward's pre-hooks chain the rest)."""
+        if not self.gathers_params:
+            return []
+        gathers = self._param_gathers(d)
+        if self.overlapped():
+            return [gathers[0]]
+        return [*gathers, Wait(tuple(g.tag for g in gathers), "param_sync", "parameter all-gather")]
+
+    def drain(self, d: int) -> tuple[Action, ...]:
+        """After the last iteration, complete the gather chain the forward would have run."""
+        if not self.overlapped():
+            return ()
+        out: list[Action] = []
+        for w in self.forward_waits(d):
+            out.append(Wait((w.tag,), "param_sync", f"wait {w.tag}"))
+            if w.then is not None:
+                out.append(w.then)
+        return tuple(out)
+
+    def prologue(self, d: int) -> tuple[Action, ...]:
+        return (self._param_gathers(d)[0],) if self.overlapped() else ()
+
+    # ------------------------------------------------------------------ ownership
+    def matrix_items(self, d: int, t: int) -> tuple[int, ...]:
+        """Matrices whose full update rank (d, t) computes."""
+        plan = self.plan
+        mine = []
+        piped = set(self.pipelined(d))
+        for i in range(len(plan.params)):
+            if not self.matrix[i] or plan.dp_owner[i] not in (None, d):
+                continue
+            if i in piped and plan.tp_owner[i] != t:
+                continue
+            mine.append(i)
+        return tuple(mine)
+
+    def program(self, rank: int) -> Program:
+        d, t = divmod(rank, self.tp)
+        actions = tuple(self.iteration(d, t))
+        main = next((a.ranges for a in actions if isinstance(a, CopyToModel)), ())
+        return Program(rank, d, t, self.dp, self.tp, actions, self.drain(d), self.prologue(d), self.matrix_items(d, t),
+                       main, self.param_dtype)
+
+
+def merge(ranges) -> Ranges:
+    """Sorted, non-empty, with touching or overlapping ranges joined."""
+    out: list[list[int]] = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
+def subtract(ranges: Ranges, holes) -> Ranges:
+    """``ranges`` minus the (sorted) ``holes``."""
+    out = []
+    for a, b in ranges:
+        cur = a
+        for h0, h1 in holes:
+            if h1 <= cur or h0 >= b:
+                continue
+            if h0 > cur:
+                out.append((cur, h0))
+            cur = max(cur, h1)
+        if cur < b:
+            out.append((cur, b))
+    return tuple(out)
+
+
+def lower(plan, ranks: Sequence[int] | None = None) -> list[Program]:
+    """The programs of ``ranks`` (default: every rank), rank = dp_rank * tp + tp_rank."""
+    low = _Lowering(plan)
+    world = plan.dp * plan.tp
+    return [low.program(r) for r in (range(world) if ranks is None else ranks)]
+
+
+def lower_rank(plan, rank: int) -> Program:
+    return lower(plan, [rank])[0]
+
+
+def comm_of(program: Program) -> dict[str, Comm]:
+    """Tag -> communication action, for interpreters."""
+    return {c.tag: c for c in program.comms()}

@@ -1,0 +1,76 @@
+"""Starting a trial's ranks: locally (one process per rank), or as one rank of an external launch.
+
+Failure: an exception on any rank ends the trial; locally the other ranks are killed at once and
+the rank's exception is raised here; under an external launcher the other ranks fail at their
+next collective (gloo reports the closed connection at once) or, at the latest, at the
+collective timeout (``dist.timeout_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from canzona.config import TrialConfig, load_config
+from canzona.errors import ConfigError
+from canzona.net import free_port
+from canzona.trial.env import LOCAL_ADDR, LaunchEnv, launch_env, launched_externally
+from canzona.trial.rank import run_rank
+
+__all__ = ["launched_externally", "run_rank_from_env", "run_trial"]
+
+
+def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
+    """Launch dp×tp local ranks for one trial and return its summary (raises on failure)."""
+    import torch.multiprocessing as mp
+
+    from canzona import dist_rules
+    from canzona.plan.methods import make_plan
+
+    make_plan(cfg)  # invalid layouts fail here, before any process starts
+    out.mkdir(parents=True, exist_ok=True)
+    world = cfg.world_size
+    # forkserver: the server imports torch and megatron-core once (seconds), every rank of this
+    # and later trials in the same process forks from it instead of importing them again. The
+    # server keeps the environment it started with, so what a rank needs travels as arguments.
+    mp.set_forkserver_preload(["canzona.executor.optimizer", "canzona.model.qwen3"])
+    _forkserver_imports_this_checkout()
+    rules = os.environ.get(dist_rules.ENV, "")
+    ctx = mp.start_processes(
+        _spawned_rank, args=(cfg.to_dict(), str(out), free_port(), world, rules), nprocs=world, join=False,
+        start_method="forkserver",
+    )
+    while not ctx.join():  # raises ProcessRaisedException / ProcessExitedException, killing the rest
+        pass
+    return json.loads((out / "summary.json").read_text())
+
+
+def _forkserver_imports_this_checkout() -> None:
+    """Put this checkout first on ``PYTHONPATH`` for the forkserver. Python 3.11's forkserver
+    ignores the parent's ``sys.path``: started from another folder (a sweep's ``cwd``) it would
+    import whichever ``canzona`` is installed -- another checkout's code for the ranks -- or none."""
+    root = str(Path(__file__).resolve().parents[2])
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
+
+
+def _spawned_rank(local_rank: int, cfg_dict: dict[str, Any], out: str, port: int, world: int, rules: str) -> None:
+    from canzona import dist_rules
+
+    launch = LaunchEnv(local_rank, world, local_rank, world, LOCAL_ADDR, port)
+    os.environ.update({**launch.exports(), dist_rules.ENV: rules})
+    cfg = load_config(base=cfg_dict)
+    run_rank(cfg, Path(out), local_world=world)
+
+
+def run_rank_from_env(cfg: TrialConfig, out: Path) -> dict[str, Any] | None:
+    """Run as one rank of an external launch (torchrun, Slurm's srun, submitit tasks); returns
+    the summary on rank 0, None elsewhere."""
+    launch = launch_env()
+    if launch.world != cfg.world_size:
+        raise ConfigError(f"the launch has {launch.world} ranks but parallel.dp*parallel.tp = {cfg.world_size}")
+    os.environ.update(launch.exports())
+    return run_rank(cfg, out, local_world=launch.local_world)

@@ -1,0 +1,123 @@
+"""One rank of a trial: set up, run the steps, gather every rank's rows, write the records.
+
+`run_rank` sets the rank up (threads, device, process groups, model, plan, distributed
+optimizer), hands over to `train_steps` -- the whole per-step loop, in one function, so that the
+step's calls into the executor live in one place -- and afterwards checks ownership, gathers the
+rows on rank 0 and writes the records.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from canzona.config import TrialConfig
+from canzona.errors import ConfigError
+from canzona.records import PHASES
+
+
+def device_kind(cfg: TrialConfig) -> str:
+    """``dist.device`` resolved: ``auto`` is cuda when a CUDA device is visible, else cpu."""
+    import torch
+
+    want = cfg.dist.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("dist.device=cuda but no CUDA device is visible; use dist.device=cpu or auto")
+    return want
+
+
+def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | None:
+    """Run this process's rank of the trial; rank 0 writes the records and returns the summary."""
+    import torch
+    import torch.distributed as dist
+
+    from canzona import dist_rules
+    from canzona.executor.runtime import Runtime
+    from canzona.model.parallel import destroy_parallel, init_parallel
+    from canzona.model.qwen3 import build_model, full_state_dict
+    from canzona.plan.methods import make_plan
+    from canzona.program.count import count_programs
+    from canzona.program.lower import lower
+    from canzona.trial.output import atomic_torch_save, write_records
+    from canzona.trial.summary import peak_memory_mb, program_check, summarise
+
+    dist_rules.install_from_env()
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(cfg.dist.threads_per_rank or max(1, cores // max(1, local_world)))
+    kind = device_kind(cfg)
+    ctx = init_parallel(cfg.parallel.tp, kind, cfg.dist.timeout_s)
+    try:
+        plan = make_plan(cfg, device=kind)
+        programs = lower(plan)
+        metrics = count_programs(plan, programs)
+        dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
+        model = build_model(cfg.model_cfg(), device=ctx.device, seed=cfg.train.seed, dtype=dtype)
+        runtime = Runtime(model, plan, programs[ctx.rank], cfg.optimizer, ctx)
+        rows = train_steps(cfg, runtime, ctx, float(metrics.compute[ctx.dp_rank, ctx.tp_rank]))
+        peak_mb = peak_memory_mb(ctx.device)
+        if cfg.save_params:
+            full = full_state_dict(model)
+            if ctx.rank == 0:
+                atomic_torch_save(full, Path(cfg.save_params))
+        gathered: list[Any] = [None] * ctx.world
+        report = {"rows": rows, "peak_mb": peak_mb, "computed": sorted(runtime.computed)}
+        dist.all_gather_object(gathered, report)  # over the gloo half of the groups
+        if ctx.rank != 0:
+            return None
+        all_rows = sorted((r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"]))
+        owners = [0] * len(plan.params)  # how many ranks computed each matrix's full update
+        for g in gathered:
+            for i in g["computed"]:
+                owners[i] += 1
+        summary = summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, owners)
+        summary["program_check"] = program_check(programs, all_rows)
+        write_records(cfg, out, all_rows, summary)
+        return summary
+    finally:
+        destroy_parallel()
+
+
+def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> list[dict[str, Any]]:
+    """``train.warmup + train.steps`` iterations of the rank's program (forward, backward with
+    its bucket reductions, the optimizer step, the parameter sync); one row of
+    `canzona.records.STEP_FIELDS` (+ ``comm_bytes`` per action and ``events``) per step.
+
+    ``optimizer_step_ms`` runs from the program's ``step_start`` mark ("gradients reduced") to
+    ``step_end`` ("every owned parameter updated"); ``iteration_ms`` from the start to the end of
+    the iteration (see `canzona.executor.timing` for what the numbers mean on CPU and on CUDA).
+    """
+    import torch.distributed as dist
+
+    from canzona.executor.timing import StepTimer
+    from canzona.model.data import synthetic_batch
+
+    mcfg = cfg.model_cfg()
+    timer = StepTimer(ctx.device)
+    rows: list[dict[str, Any]] = []
+    for step in range(cfg.train.warmup + cfg.train.steps):
+        tokens, labels = synthetic_batch(
+            mcfg, cfg.train.micro_batch, cfg.train.seq_len, cfg.train.seed, step, ctx.dp_rank, ctx.dp
+        )
+        tokens, labels = tokens.to(ctx.device), labels.to(ctx.device)
+        if cfg.train.fail_on_rank == ctx.rank and step == cfg.train.fail_at_step:
+            raise RuntimeError(f"injected failure on rank {ctx.rank} at step {step} (train.fail_on_rank)")
+        timer.reset()
+        loss = runtime.iteration(tokens, labels, timer)
+        timer.mark("end")
+        timer.finish()
+        global_loss = loss.detach().float()
+        dist.all_reduce(global_loss, group=ctx.dp_group)
+        rows.append({
+            "step": step, "measured": step >= cfg.train.warmup, "rank": ctx.rank, "dp_rank": ctx.dp_rank,
+            "tp_rank": ctx.tp_rank, "iteration_ms": timer.at("end"),
+            "optimizer_step_ms": timer.between("step_start", "step_end"),
+            "compute_load": planned, "loss": float(global_loss) / ctx.dp,
+            **{f"{p}_ms": timer.ms.get(p, 0.0) for p in PHASES},
+            "comm_bytes": runtime.bytes_by_tag(),
+            "events": timer.events,
+        })
+    runtime.finish(timer)
+    return rows
