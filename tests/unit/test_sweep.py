@@ -160,7 +160,7 @@ def test_ids_are_stable_readable_and_content_addressed(tmp_path):
             ["sweep=qwen3_scaling", "clustr=slurm"],
             "unknown key 'clustr'; sweep keys: sweep, profile, cluster",
         ),
-        (["sweep=qwen3_scaling", "train.stepz=3"], "allowed under train: fail_at_step"),
+        (["sweep=qwen3_scaling", "train.stepz=3"], "allowed under train: dtype, fail_at_step"),
         (["sweep=qwen3_scaling", "slurm.partiton=gpu"], "allowed under slurm: account, array"),
         (["sweep=nope"], "unknown sweep 'nope'; available: "),
         (["train.steps=3"], "missing sweep=NAME; available: "),
