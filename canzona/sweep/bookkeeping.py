@@ -8,6 +8,7 @@ the launcher writes (status.json, stdout/stderr tails), all written atomically.
   ``sweep.json``      the last sweep's manifest: sweep, profile, cluster, settings, trial ids,
                       axes and run folders, and the order the runs were launched in
   ``submitit/<stamp>/<job id>/``  submitit's pickles and full per-rank logs
+  ``submitit/<stamp>/worker/<run>.out|.err``  full logs of the runs of ``local.mode=worker``
   ``sbatch/``         sbatch scripts (written by ``cluster=slurm dry_run=true`` only)
   ``.sweep.lock``, ``.sweep.holder.json``  held by the sweep running on this folder (`lock`)
 

@@ -22,7 +22,7 @@ from canzona.records import atomic_write_json, atomic_write_text
 from canzona.sim.profile import Profile, load_profile
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.expand import build_plan
-from canzona.sweep.handles import JobHandle
+from canzona.sweep.handles import RunHandle
 from canzona.sweep.jobshape import JobShape, slurm_shape
 from canzona.sweep.launch import make_backend, run_stamp, submitit_parameters
 from canzona.sweep.lock import ResultsLock
@@ -45,7 +45,7 @@ sweep keys:  sweep=NAME|FILE.yaml  profile=local|paper|...  cluster=local|debug|
                 default h100, into results/<sweep>-<profile>-sim-<device>/; for a measured
                 sweep sim.profile is what the report's predicted-vs-measured section uses,
                 default profiles/local.yaml when it exists)
-             local.max_ranks=4 local.parallel=1 local.mode=tasks|spawn local.timeout_min=20
+             local.max_ranks=4 local.parallel=1 local.mode=worker|spawn|tasks local.timeout_min=20
              slurm.partition= slurm.account= slurm.qos= slurm.time=01:00:00 slurm.constraint=
              slurm.mem= slurm.gpus_per_node= slurm.tasks_per_node= slurm.cpus_per_task=
              slurm.setup='[module load cuda]' slurm.extra_sbatch='[--exclusive]' slurm.array=true
@@ -220,8 +220,8 @@ def _execute(plan: SweepPlan, to_run: list[TrialRun], skipped: int, out: TextIO)
     parallel = s.local.parallel if s.cluster == "local" else (1 if s.cluster == "debug" else len(to_run))
     progress = Progress(len(to_run), skipped=skipped, parallel=parallel, stream=out)
     queue = list(to_run)
-    running: list[JobHandle] = []
-    submitted: list[JobHandle] = []
+    running: list[RunHandle] = []
+    submitted: list[RunHandle] = []
     try:
         while queue or running:
             free = backend.capacity - len(running)
@@ -284,7 +284,7 @@ def _execute(plan: SweepPlan, to_run: list[TrialRun], skipped: int, out: TextIO)
     return 0
 
 
-def _finalize(h: JobHandle, progress: Progress) -> None:
+def _finalize(h: RunHandle, progress: Progress) -> None:
     err = h.error
     if err is None and not (h.run_dir / bk.SUMMARY).is_file():
         err = "the trial ended without writing summary.json"

@@ -12,7 +12,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import submitit
 
@@ -42,6 +42,16 @@ def headline(exc: BaseException) -> str:
     return first if first.startswith(type(exc).__name__) else f"{type(exc).__name__}: {first}"
 
 
+def traceback_line(text: str) -> str:
+    """The exception line a formatted traceback ends with (the innermost one quoted in it, e.g.
+    a rank's error inside torch's ProcessRaisedException), else its last line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if _EXC_LINE.match(ln) and not ln.startswith("torch.multiprocessing.spawn.ProcessRaisedException"):
+            return ln[:400]
+    return (lines[-1] if lines else "unknown error")[:400]
+
+
 def job_error(job: submitit.Job) -> str | None:
     """None if every task succeeded, else 'rank k: <error>' per failing rank, likely cause first."""
     n = job.num_tasks
@@ -62,6 +72,25 @@ def job_error(job: submitit.Job) -> str | None:
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
         parts.append(f"{who}: {msg}" if n > 1 else msg)
     return "; ".join(parts)[:2000]
+
+
+class RunHandle(Protocol):
+    """What the sweep needs of a launched run, whatever launched it."""
+
+    run: TrialRun
+    run_dir: Path
+    cluster: str
+    t0: float
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def log_dir(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+    def done(self) -> bool: ...
+    def log_paths(self) -> tuple[list[Path], list[Path]]: ...
+    def cancel(self) -> None: ...
 
 
 @dataclass

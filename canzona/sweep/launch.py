@@ -1,9 +1,13 @@
-"""Launching runs with submitit: the job callable and one backend per cluster.
+"""Launching runs: one backend per cluster, and the submitit job callable.
 
 Every run (one repetition of a trial, `canzona.sweep.trials.TrialRun`) is one job; a backend
-submits runs and returns a `canzona.sweep.handles.JobHandle` per job.
+submits runs and returns a `canzona.sweep.handles.RunHandle` per job.
 
-- ``cluster=local``  `submitit.LocalExecutor`, one job per run. ``local.mode=spawn`` (default):
+- ``cluster=local``  ``local.mode=worker`` (default): `canzona.sweep.worker` -- long-lived
+  worker processes, each running `canzona.trial.launch.run_trial` for one run after another, so
+  that torch, megatron-core and the ranks' forkserver start once per sweep, not once per run
+  (seconds a run; most of a local sweep with repeats). The other modes are
+  `submitit.LocalExecutor`, one job per run. ``local.mode=spawn``:
   the job's one task calls `canzona.run.run_trial`, which forks the dp x tp ranks from a
   forkserver that imports torch and megatron-core once, and kills the other ranks as soon as one
   fails; the task kills any rank left on interrupt or timeout. ``local.mode=tasks``:
@@ -21,9 +25,9 @@ submits runs and returns a `canzona.sweep.handles.JobHandle` per job.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,13 +35,15 @@ from typing import Any
 import submitit
 
 from canzona.net import free_port
-from canzona.sweep.handles import JobHandle
+from canzona.sweep.handles import JobHandle, RunHandle, traceback_line
 from canzona.sweep.jobshape import JobShape, slurm_shape
+from canzona.sweep.procs import kill_descendants
 from canzona.sweep.settings import SweepSettings, time_minutes
 from canzona.sweep.slurm_state import SlurmStates
 from canzona.sweep.trials import SweepPlan, TrialRun
+from canzona.sweep.worker import Worker
 
-Submitted = tuple[list[JobHandle], list[tuple[TrialRun, str]]]  # handles, (run, error) refused
+Submitted = tuple[list[RunHandle], list[tuple[TrialRun, str]]]  # handles, (run, error) refused
 
 
 class TrialTask(submitit.helpers.Checkpointable):
@@ -86,39 +92,6 @@ class TrialTask(submitit.helpers.Checkpointable):
         return {"rank": 0, "world_size": cfg.world_size}
 
 
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
-def kill_descendants(pid: int) -> list[int]:
-    """SIGKILL every descendant of ``pid`` (Linux /proc); returns their pids."""
-    if not os.path.isdir("/proc"):
-        return []
-    tree = _children()
-    found, stack = [], list(tree.get(pid, []))
-    while stack:
-        p = stack.pop()
-        found.append(p)
-        stack.extend(tree.get(p, []))
-    for p in found:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
-    return found
-
-
 def task_config(run: TrialRun, run_dir: Path) -> dict[str, Any]:
     d = run.cfg.to_dict()
     d["out"] = str(run_dir)
@@ -137,7 +110,7 @@ class Backend:
     def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
         raise NotImplementedError
 
-    def close(self, handles: list[JobHandle]) -> None:
+    def close(self, handles: list[RunHandle]) -> None:
         pass
 
 
@@ -181,6 +154,99 @@ class LocalBackend(Backend):
             (self.log_root / "%j").rmdir()
         except OSError:
             pass
+
+
+@dataclass
+class WorkerRunHandle:
+    """A run handed to a `Worker` (``local.mode=worker``); the worker is the backend's again
+    once the run succeeds, and is killed -- with its forkserver and any rank left -- otherwise."""
+
+    run: TrialRun
+    run_dir: Path
+    backend: WorkerBackend
+    worker: Worker
+    job_id: str
+    stdout: Path
+    stderr: Path
+    timeout_s: float
+    cluster: str = "local"
+    t0: float = field(default_factory=time.monotonic)
+    error: str | None = None
+    _finished: bool = False
+
+    @property
+    def log_dir(self) -> str:
+        return str(self.stdout.parent)
+
+    def done(self) -> bool:
+        if self._finished:
+            return True
+        finished, text = self.worker.result()
+        if not finished and time.monotonic() - self.t0 > self.timeout_s:
+            finished, text = True, f"TimeoutError: the run took more than local.timeout_min={self.timeout_s / 60:g}"
+        if finished:
+            self.error = None if text is None else traceback_line(text)
+            self.backend.release(self.worker, reuse=text is None)
+            self._finished = True
+        return self._finished
+
+    def log_paths(self) -> tuple[list[Path], list[Path]]:
+        return [self.stdout], [self.stderr]
+
+    def cancel(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self.backend.release(self.worker, reuse=False)
+
+
+class WorkerBackend(Backend):
+    """``local.mode=worker``: up to ``local.parallel`` long-lived `Worker` processes, each
+    running one run at a time (see `canzona.sweep.worker` for why)."""
+
+    cluster = "local"
+
+    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
+        super().__init__(plan, log_root)
+        self.capacity = plan.settings.local.parallel
+        self._idle: list[Worker] = []
+        self._all: list[Worker] = []
+
+    def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
+        logs = self.log_root / "worker"
+        logs.mkdir(parents=True, exist_ok=True)
+        handles: list[RunHandle] = []
+        failed = []
+        for run, rdir in runs:
+            out, err = logs / f"{run.id}.out", logs / f"{run.id}.err"
+            try:
+                worker = self._idle.pop() if self._idle else self._new()
+                job_id = worker.start(task_config(run, rdir), rdir, out, err)
+            except Exception as e:  # noqa: BLE001 - record and go on
+                failed.append((run, f"submission failed: {type(e).__name__}: {e}"))
+                continue
+            timeout_s = self.settings.local.timeout_min * 60
+            handles.append(WorkerRunHandle(run, rdir, self, worker, job_id, out, err, timeout_s))
+        return handles, failed
+
+    def _new(self) -> Worker:
+        w = Worker()
+        self._all.append(w)
+        return w
+
+    def release(self, worker: Worker, reuse: bool) -> None:
+        if reuse and worker.alive():
+            self._idle.append(worker)
+        else:
+            worker.kill()
+
+    def close(self, handles: list[RunHandle]) -> None:
+        for h in handles:
+            h.cancel()
+        for w in self._all:
+            if w in self._idle:
+                w.close()
+            elif w.alive():
+                w.kill()
 
 
 class DebugBackend(Backend):
@@ -300,9 +366,10 @@ def _in_squeue(ids: set[str]) -> set[str]:
 
 
 def make_backend(plan: SweepPlan, log_root: Path) -> Backend:
-    return {"local": LocalBackend, "debug": DebugBackend, "slurm": SlurmBackend}[plan.settings.cluster](
-        plan, log_root
-    )
+    s = plan.settings
+    if s.cluster == "local" and s.local.mode == "worker":
+        return WorkerBackend(plan, log_root)
+    return {"local": LocalBackend, "debug": DebugBackend, "slurm": SlurmBackend}[s.cluster](plan, log_root)
 
 
 def run_stamp() -> str:

@@ -20,7 +20,7 @@ from canzona.overrides import build
 
 CLUSTERS = ("local", "debug", "slurm", "simulate")
 RERUN = ("failed", "all", "none")
-LOCAL_MODES = ("tasks", "spawn")
+LOCAL_MODES = ("worker", "spawn", "tasks")
 DEFAULT_SIM_PROFILE = "h100"
 
 
@@ -47,7 +47,10 @@ class SlurmSettings:
 class LocalSettings:
     max_ranks: int = 4  # most ranks one local trial may start (dp x tp)
     parallel: int = 1  # trials at once
-    mode: str = "spawn"  # spawn: one task runs run_trial (forks the ranks); tasks: a task per rank
+    # worker: long-lived processes run one run after another (torch and the ranks' forkserver
+    # start once); spawn: a submitit job per run whose task forks the ranks; tasks: a submitit
+    # task per rank (the Slurm code path)
+    mode: str = "worker"
     timeout_min: float = 20.0  # per trial
 
 

@@ -265,3 +265,36 @@ def test_a_second_sweep_on_the_same_results_exits_2_naming_the_first(tmp_path):
     assert "1 trials, 1 to run" in out and not (root / ".sweep.holder.json").exists()
     (d,) = trial_dirs(root).values()
     assert status(d)["status"] == "done" and (d / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_past_its_timeout_is_killed_with_its_ranks(tmp_path):
+    """local.mode=worker: a run over local.timeout_min is recorded as timed out, its worker,
+    forkserver and ranks are killed, and the next run gets a fresh worker and succeeds."""
+    (tmp_path / "pair.yaml").write_text(textwrap.dedent(PAIR))
+    long = textwrap.dedent(PAIR).replace("train.steps: 2", "train.steps: 100000") + "include:\n  - {method: sync, train.steps: 2}\n"
+    (tmp_path / "pair.yaml").write_text(long.replace("method: [canzona, sync]", "method: [canzona]"))
+    r = pair_sweep(tmp_path, "local.timeout_min=0.25")
+    assert r.returncode == 1, r.stdout + r.stderr
+    root = tmp_path / "results" / "pair"
+    runs = {status(d)["trial_id"].split("-")[1]: status(d) for d in trial_dirs(root).values()}
+    assert runs["canzona"]["status"] == "failed", runs
+    assert runs["canzona"]["error"].startswith("TimeoutError: the run took more than local.timeout_min=0.25"), runs
+    assert runs["sync"]["status"] == "done", runs
+    assert runs["canzona"]["job_id"].split(".")[0] != runs["sync"]["job_id"].split(".")[0]  # a new worker
+    for job in (runs["canzona"]["job_id"], runs["sync"]["job_id"]):  # both workers gone, and all below them
+        assert not Path(f"/proc/{job.split('.')[0]}").exists()
+    assert _running_in(tmp_path) == []  # the sweep ran there: its workers, forkservers and ranks too
+
+
+def _running_in(folder: Path) -> list[str]:
+    """Processes whose working directory is ``folder``."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")) == folder:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                out.append(f"{proc.name}: {cmd[:200]}")
+        except OSError:
+            pass
+    return out

@@ -20,7 +20,8 @@ from canzona.sweep.expand import build_plan
 from canzona.sweep.handles import headline
 from canzona.sweep.ids import run_id, trial_id
 from canzona.sweep.keys import config_overrides, split_top_commas
-from canzona.sweep.launch import kill_descendants, parse_extra_sbatch
+from canzona.sweep.launch import parse_extra_sbatch
+from canzona.sweep.procs import kill_descendants
 from canzona.sweep.progress import Progress, summary_table
 from canzona.sweep.settings import time_minutes
 from canzona.sweep.sweepfile import available_sweeps
@@ -276,7 +277,7 @@ def test_kill_descendants_leaves_no_process():
         deadline = time.monotonic() + 10
         found: list[int] = []
         while time.monotonic() < deadline:
-            from canzona.sweep.launch import _children
+            from canzona.sweep.procs import _children
 
             if _children().get(parent.pid):
                 break
