@@ -83,11 +83,12 @@ def test_qwen3_scaling_local_profile_fits_a_small_machine():
     assert {"muon", "shampoo", "soap", "adamw"} <= opts
     # decisive: every trial repeated, interleaved, so the report's intervals see run-to-run spread
     assert p.repeats >= 3
-    # and small: the README's first command must stay about 6 minutes on 2 cores, which is
-    # mostly the start of each run (~6 s) plus the 8B steps (~0.3-0.8 s each)
+    # and small: the README's first command must stay well under 6 minutes on 2 cores, which is
+    # mostly the start of each run (~3 s with local.mode=worker) plus the 8B steps (0.2-1 s each)
+    assert p.settings.local.mode == "worker"
     runs = p.runs()
-    assert len(runs) <= 48
-    assert sum(r.cfg.train.steps + r.cfg.train.warmup for r in runs if r.cfg.model.name == "qwen3-8b") <= 80
+    assert len(runs) <= 80
+    assert sum(r.cfg.train.steps + r.cfg.train.warmup for r in runs if r.cfg.model.name == "qwen3-8b") <= 120
 
 
 def test_qwen3_scaling_paper_profile_is_full_size_on_up_to_256_gpus():
