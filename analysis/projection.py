@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.load import Sweep, Trial
+from analysis.load import Sweep, TrialRecords
 from analysis.stats import POINT_BASE, _variant, method_order, point_extra_columns
 from canzona.records import PHASES
 
@@ -47,7 +47,7 @@ SYNC_NOTE = (
 )
 
 
-def is_projected(t: Trial) -> bool:
+def is_projected(t: TrialRecords) -> bool:
     return t.summary.get("projected") is True or t.status.get("projected") is True
 
 
@@ -189,7 +189,7 @@ def _paper_claims() -> dict[str, Any] | None:
     return dict(PAPER_CLAIMS)
 
 
-def _assumptions(trials: list[Trial]) -> list[dict[str, Any]]:
+def _assumptions(trials: list[TrialRecords]) -> list[dict[str, Any]]:
     seen: dict[str, int] = {}
     for t in trials:
         for a in t.summary.get("assumptions") or []:
@@ -197,7 +197,7 @@ def _assumptions(trials: list[Trial]) -> list[dict[str, Any]]:
     return [{"text": a, "count": n} for a, n in seen.items()]
 
 
-def _profiles(trials: list[Trial]) -> list[dict[str, Any]]:
+def _profiles(trials: list[TrialRecords]) -> list[dict[str, Any]]:
     out: dict[tuple, dict[str, Any]] = {}
     for t in trials:
         p = t.summary.get("profile") or {}
