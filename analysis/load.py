@@ -1,13 +1,18 @@
 """Load a sweep's trial records (canzona/records.py) into pandas tables.
 
-A sweep folder ``results/<sweep>/`` holds one subfolder per trial; a subfolder is a trial when
-it has at least ``config.yaml`` or ``status.json``. Any record may be missing or the trial may
-have failed: loading never raises for a bad trial, it notes what is missing instead.
+A sweep folder ``results/<sweep>/`` holds one subfolder per run of a trial; a subfolder counts
+when it has at least ``config.yaml`` or ``status.json``. Any record may be missing or the run
+may have failed: loading never raises for a bad run, it notes what is missing instead.
+
+Here every folder is a "trial" with ``trial_id`` = its folder name. A sweep with ``repeats``
+> 1 runs each config several times: repetition k > 1 lives in ``<config id>-r<k>``, and its
+status.json names the config (``trial_id``) and the repetition (``repeat``); these become the
+columns ``config_id`` and ``repeat``, which the statistics use to pool and pair repetitions.
 
 Tables (all plain pandas, nothing upstream is imported except the pure model inventory for the
 parameter count):
 
-- ``trials``: one row per trial -- ``trial_id``, ``status``, ``error``, ``missing`` (record files
+- ``trials``: one row per trial -- ``trial_id``, ``config_id``, ``repeat``, ``status``, ``error``, ``missing`` (record files
   absent), every config value flattened (``parallel.dp``, ``canzona.alpha``, ...), provenance
   (``host``, ``device``, ``backend``, ``git``, ``torch``, ...), planned loads and imbalance.
 - ``steps``: one row per trial x rank x step, the `STEP_FIELDS` of steps.jsonl (warm-up
@@ -27,6 +32,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from canzona.errors import ConfigError
 from canzona.records import STEP_FIELDS
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
@@ -34,13 +40,11 @@ RECORD_FILES = ("config.yaml", "status.json", "summary.json", "steps.jsonl")
 STATUSES = ("done", "failed", "running", "incomplete", "unknown")
 
 
-class SweepError(ValueError):
-    """The sweep folder is unusable (missing, or no trials); the message is one line."""
-
-
 @dataclass
-class Trial:
-    trial_id: str
+class TrialRecords:
+    """The records of one trial folder (one run of a config), as read from disk."""
+
+    trial_id: str  # the folder name
     path: Path
     config: dict[str, Any] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
@@ -60,6 +64,17 @@ class Trial:
         return "unknown"
 
     @property
+    def config_id(self) -> str:
+        """The config this run measured: shared by the repetitions of one trial."""
+        return str(self.status.get("trial_id") or self.trial_id)
+
+    @property
+    def repeat(self) -> int:
+        """Which repetition of its config this run is (1 for a sweep without repeats)."""
+        r = self.status.get("repeat")
+        return int(r) if isinstance(r, int) and r >= 1 else 1
+
+    @property
     def has_trace(self) -> bool:
         return (self.path / "trace.json").is_file()
 
@@ -67,13 +82,13 @@ class Trial:
 @dataclass
 class Sweep:
     path: Path
-    trials: list[Trial]
+    trials: list[TrialRecords]
     sweep_config: str | None  # text of results/<sweep>/sweep.yaml, if any
     trials_df: pd.DataFrame
     steps_df: pd.DataFrame
     config_columns: list[str] = field(default_factory=list)  # flattened config keys, in order
 
-    def trial(self, trial_id: str) -> Trial:
+    def trial(self, trial_id: str) -> TrialRecords:
         for t in self.trials:
             if t.trial_id == trial_id:
                 return t
@@ -84,7 +99,7 @@ def is_trial_dir(p: Path) -> bool:
     return p.is_dir() and ((p / "config.yaml").is_file() or (p / "status.json").is_file())
 
 
-def _read(path: Path, kind: str, trial: Trial) -> Any:
+def _read(path: Path, kind: str, trial: TrialRecords) -> Any:
     if not path.is_file():
         trial.missing.append(path.name)
         return None
@@ -108,8 +123,8 @@ def _read(path: Path, kind: str, trial: Trial) -> Any:
         return None
 
 
-def load_trial(path: Path) -> Trial:
-    t = Trial(trial_id=path.name, path=path)
+def load_trial(path: Path) -> TrialRecords:
+    t = TrialRecords(trial_id=path.name, path=path)
     t.config = _read(path / "config.yaml", "yaml", t) or {}
     t.status = _read(path / "status.json", "json", t) or {}
     t.summary = _read(path / "summary.json", "json", t) or {}
@@ -175,7 +190,7 @@ def _first(*vals: Any) -> Any:
     return None
 
 
-def _trial_row(t: Trial) -> dict[str, Any]:
+def _trial_row(t: TrialRecords) -> dict[str, Any]:
     s = t.summary
     world = s.get("world") or {}
     versions = s.get("versions") or {}
@@ -183,6 +198,8 @@ def _trial_row(t: Trial) -> dict[str, Any]:
     cfg = t.config
     row: dict[str, Any] = {
         "trial_id": t.trial_id,
+        "config_id": t.config_id,
+        "repeat": t.repeat,
         "status": t.state,
         "error": t.status.get("error") or ("; ".join(t.problems) if t.problems else None),
         "missing": ", ".join(t.missing),
@@ -221,7 +238,7 @@ def _trial_row(t: Trial) -> dict[str, Any]:
     return row
 
 
-def planned_loads(t: Trial) -> pd.DataFrame:
+def planned_loads(t: TrialRecords) -> pd.DataFrame:
     """Planned optimizer compute per rank: summary.json plan.ranks[*].compute, else the
     steps' ``compute_load``. Columns rank, dp_rank, tp_rank, planned."""
     ranks = (t.summary.get("plan") or {}).get("ranks")
@@ -243,13 +260,13 @@ def planned_loads(t: Trial) -> pd.DataFrame:
 
 
 def load_sweep(sweep_dir: str | Path) -> Sweep:
-    """Read every trial of a sweep. Raise SweepError if the folder is missing or has no trials."""
+    """Read every trial of a sweep. Raise `ConfigError` if the folder is missing or has no trials."""
     root = Path(sweep_dir)
     if not root.is_dir():
-        raise SweepError(f"sweep folder {str(root)!r} does not exist")
+        raise ConfigError(f"sweep folder {str(root)!r} does not exist")
     dirs = sorted(p for p in root.iterdir() if is_trial_dir(p))
     if not dirs:
-        raise SweepError(f"no trials in {str(root)!r} (no subfolder holds config.yaml or status.json)")
+        raise ConfigError(f"no trials in {str(root)!r} (no subfolder holds config.yaml or status.json)")
     trials = [load_trial(p) for p in dirs]
     trials_df = pd.DataFrame([_trial_row(t) for t in trials])
     step_rows = []

@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.load import Sweep, Trial
+from analysis.load import Sweep, TrialRecords
 from analysis.stats import POINT_BASE, _variant, method_order, point_extra_columns
 from canzona.records import PHASES
 
@@ -35,16 +35,19 @@ BASELINES = ("sync", "layerwise")
 METRICS = ("iteration_ms", "optimizer_step_ms")
 # trial settings that shape a projection, listed with its inputs
 SHAPING_KEYS = ("dist.dp_collective", "optimizer.ns_dtype", "train.micro_batch", "train.seq_len",
-                "bucket.size", "canzona.pipeline_depth", "canzona.cost", "dist.overlap_grad_reduce")
+                "bucket.size", "canzona.pipeline_depth", "canzona.cost", "dist.overlap_grad_reduce",
+                "dist.overlap_param_gather", "train.dtype", "optimizer.clip_grad")
 SYNC_NOTE = (
-    "Our sync baseline is maximally redundant: every DP and TP rank gathers every full gradient and "
-    "recomputes every matrix's update (its planned imbalance is about dp × tp). The paper's synchronous "
-    "baseline may be less redundant, so the projected speedups over sync are expected to lie above the "
-    "paper's; layerwise (whole matrices dealt over DP, duplicated over TP) is the more conservative comparison."
+    "The sync baseline is the authors' fully synchronous run: plain DDP, every DP rank computes every "
+    "matrix's update and every TP rank all-gathers and recomputes it (planned imbalance about dp × tp). "
+    "A projected ratio is one iteration of one micro-batch per rank on the profile's device: with gradient "
+    "accumulation (several micro-batches per iteration, as large-batch training runs) forward and backward "
+    "grow and the iteration speedup over sync shrinks toward the optimizer step's share; the assumptions "
+    "below list everything the projection includes."
 )
 
 
-def is_projected(t: Trial) -> bool:
+def is_projected(t: TrialRecords) -> bool:
     return t.summary.get("projected") is True or t.status.get("projected") is True
 
 
@@ -186,7 +189,7 @@ def _paper_claims() -> dict[str, Any] | None:
     return dict(PAPER_CLAIMS)
 
 
-def _assumptions(trials: list[Trial]) -> list[dict[str, Any]]:
+def _assumptions(trials: list[TrialRecords]) -> list[dict[str, Any]]:
     seen: dict[str, int] = {}
     for t in trials:
         for a in t.summary.get("assumptions") or []:
@@ -194,7 +197,7 @@ def _assumptions(trials: list[Trial]) -> list[dict[str, Any]]:
     return [{"text": a, "count": n} for a, n in seen.items()]
 
 
-def _profiles(trials: list[Trial]) -> list[dict[str, Any]]:
+def _profiles(trials: list[TrialRecords]) -> list[dict[str, Any]]:
     out: dict[tuple, dict[str, Any]] = {}
     for t in trials:
         p = t.summary.get("profile") or {}

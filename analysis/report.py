@@ -1,4 +1,4 @@
-"""``python -m analysis.report results/<sweep> [--out DIR]``: (re)build a sweep's HTML report.
+"""``python -m analysis.report results/<sweep> [out=DIR] [profile=P]``: (re)build a sweep's HTML report.
 
 Reads only the trial records under the sweep folder (canzona/records.py) and writes, into
 ``DIR`` (default ``results/<sweep>/report/``):
@@ -16,7 +16,7 @@ Reads only the trial records under the sweep folder (canzona/records.py) and wri
 
 Projected trials (``cluster=simulate``) are kept out of every measured table, plot and CSV
 above (trials.csv and steps.csv list them, with ``projected`` true) and get their own section.
-``--profile PATH`` picks the device profile the measured trials are predicted with (default
+``profile=NAME|PATH`` picks the device profile the measured trials are predicted with (default
 profiles/local.yaml if it exists, ``none`` to skip).
 
 Prints the report's path as its last line. Exit 2 with a one-line error when the folder does
@@ -25,7 +25,6 @@ not exist or holds no trials. The sweep launcher calls `build_report(sweep_dir) 
 
 from __future__ import annotations
 
-import argparse
 import base64
 import datetime as _dt
 import html
@@ -34,6 +33,7 @@ import math
 import platform
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,9 @@ import pandas as pd
 import yaml
 
 from analysis import plots, projection, stats, timeline
-from analysis.load import Sweep, SweepError, load_sweep, subset
+from analysis.load import Sweep, load_sweep, subset
+from canzona.errors import ConfigError
+from canzona.overrides import build, split_argv
 from canzona.records import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,7 +245,7 @@ def _no_measured() -> dict[str, Any]:
 
 def build_report(sweep_dir: str | Path, out: str | Path | None = None, profile: Any = "auto") -> Path:
     """Build the report of `sweep_dir` into `out` (default ``<sweep_dir>/report``); return the
-    path of index.html. Raises SweepError if the folder is missing or has no trials.
+    path of index.html. Raises `ConfigError` if the folder is missing or has no trials.
 
     Projected trials (summary.json ``projected: true``, from ``cluster=simulate``) get a section
     of their own and never enter the measured tables. `profile` (a device profile name, YAML
@@ -346,17 +348,38 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, profile: 
     return index
 
 
+@dataclass
+class ReportArgs:
+    """The report command's ``key=value`` settings."""
+
+    out: str | None = None  # output folder (default: <sweep_dir>/report)
+    # device profile (name under profiles/ or YAML path) of the predicted-vs-measured section;
+    # auto: profiles/local.yaml if it exists; none: no prediction
+    profile: str | None = "auto"
+
+
+USAGE = """\
+usage: python -m analysis.report SWEEP_DIR [out=DIR] [profile=NAME|PATH|auto|none]
+
+Build the HTML report of a sweep (results/<sweep>) and print the path of its index.html.
+  out=DIR       output folder (default: SWEEP_DIR/report)
+  profile=P     device profile (name under profiles/ or a YAML path) the measured trials are
+                predicted with; auto (default): profiles/local.yaml if it exists; none: skip
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.report", description="Build the HTML report of a sweep.")
-    ap.add_argument("sweep_dir", help="results/<sweep>")
-    ap.add_argument("--out", default=None, help="output folder (default: <sweep_dir>/report)")
-    ap.add_argument("--profile", default="auto",
-                    help="device profile (name under profiles/ or YAML path) for the predicted-vs-measured section; "
-                         "default: profiles/local.yaml if it exists; 'none' to skip the prediction")
-    args = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE, end="")
+        return 0
     try:
-        path = build_report(args.sweep_dir, args.out, profile=args.profile)
-    except SweepError as e:
+        parts = split_argv(argv, positionals=1, usage="python -m analysis.report SWEEP_DIR [out=DIR] [profile=P]")
+        if not parts.positionals:
+            raise ConfigError("missing SWEEP_DIR; usage: python -m analysis.report SWEEP_DIR [out=DIR] [profile=P]")
+        args = build(ReportArgs, parts.overrides, what="report")
+        path = build_report(parts.positionals[0], args.out, profile=args.profile)
+    except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(path)

@@ -1,23 +1,32 @@
-"""Aggregations over a loaded sweep (DESIGN.md §6).
+"""Aggregations over a loaded sweep (docs/design.md §6).
 
 Definitions used everywhere (and stated in the report):
 
 - A **step's value** of ``iteration_ms`` / ``optimizer_step_ms`` / ``param_sync_ms`` is the max
   over ranks of that step (the critical rank); only measured steps count (warm-up dropped).
-- A **trial's** median / p10 / p90 are taken over its step values (numpy linear percentiles).
-- A **group** is every trial of one method (and method variant) at one point; its median /
-  p10 / p90 pool the step values of its trials.
+- A **trial** here is one run (one folder); with the sweep setting ``repeats`` a config is run
+  several times and each **repetition** is a trial of its own, with the config's id in
+  ``config_id`` and its number in ``repeat``. A trial's median / p10 / p90 are taken over its
+  step values (numpy linear percentiles).
+- A **group** is every trial of one method (and method variant) at one point -- all
+  repetitions of its config(s); its median / p10 / p90 pool the step values of its trials.
 - A **point** is (model, optimizer, dp, tp) plus any other config value that varies in the
   sweep and is not method-specific (``canzona.*``, ``dist.dp_collective``, ``dist.sync_variant``
   make a method's *variant* instead); the seed and output paths never split points.
 - **Speedup** of canzona over a baseline = baseline group median / canzona group median;
   **overhead** over adamw = canzona median / adamw median (adamw matched on model and layout,
-  whatever its optimizer name). The interval is a 90% percentile interval of a two-level
-  bootstrap (resample trials, then steps within each trial; 2000 resamples, fixed seed).
+  whatever its optimizer name). The interval is a 90% percentile interval of a hierarchical
+  bootstrap (resample trials -- repetitions --, then steps within each trial; 2000 resamples,
+  fixed seed), so that it reflects how much whole runs differ, not only steps within a run.
+  **Paired** when both groups are the repetitions 1..N of one config each (``paired`` true in
+  speedups.csv): the sweep runs repetition k of every method at a point back to back, so
+  repetition k of canzona and of the baseline saw the same machine load, and a resample picks
+  the same repetitions on both sides; load drift between repetitions then cancels in the
+  ratio instead of widening its interval.
 - **Imbalance** (planned and measured) = max over ranks ÷ mean over ranks of the per-rank load:
   planned = summary.json ``plan.ranks[*].compute`` (or the steps' ``compute_load``), measured =
   the per-rank median over measured steps of ``compute_ms``. The planner's own
-  ``plan.imbalance.compute`` (DESIGN.md §2: against work counted once) is reported beside it.
+  ``plan.imbalance.compute`` (docs/design.md §2: against work counted once) is reported beside it.
 - **Phases**: per step the mean over ranks of each phase's milliseconds, then the median over
   steps; ``other`` is what of ``iteration_ms`` the phases leave unexplained (never negative).
 """
@@ -199,8 +208,8 @@ def _key(row: pd.Series, cols: list[str]) -> tuple:
 
 
 def group_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
-    """Per point x method x variant (usable trials with measured steps): n_trials, n_steps,
-    pooled median/p10/p90 of iteration_ms and optimizer_step_ms, mean model_params."""
+    """Per point x method x variant (usable trials with measured steps): n_trials (runs, every
+    repetition counted), n_configs, n_steps, pooled median/p10/p90 of iteration_ms and optimizer_step_ms, mean model_params."""
     pcols = trials.attrs["point_columns"]
     ok = trials[trials["source"] == "steps"]
     rows = []
@@ -209,7 +218,8 @@ def group_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
     for key, g in ok.groupby([*pcols, "method", "variant"], dropna=False, sort=True):
         ps = per_step[per_step["trial_id"].isin(g["trial_id"])]
         r = dict(zip([*pcols, "method", "variant"], key))
-        r.update(n_trials=len(g), n_steps=len(ps), model_params=g["model_params"].mean(),
+        r.update(n_trials=len(g), n_configs=g["config_id"].nunique(), n_steps=len(ps),
+                 model_params=g["model_params"].mean(),
                  trial_ids=" ".join(g["trial_id"]))
         for m in METRICS:
             r[f"{m}_median"], r[f"{m}_p10"], r[f"{m}_p90"] = _pct(ps[m])
@@ -242,16 +252,38 @@ def _samples(per_step: pd.DataFrame, trial_ids: Iterable[str], metric: str) -> l
     return out
 
 
-def _boot_medians(trials: list[np.ndarray], rng: np.random.Generator, n: int) -> np.ndarray:
+def _paired(cg: pd.DataFrame, bg: pd.DataFrame, per_step: pd.DataFrame,
+            metric: str) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    """Step values of the two groups' trials aligned by repetition, when the groups are the
+    repetitions 1..N (N >= 2) of one config each; else None (resample them independently)."""
+    if cg["config_id"].nunique() != 1 or bg["config_id"].nunique() != 1:
+        return None
+    reps = sorted(cg["repeat"])
+    if len(reps) < 2 or reps != sorted(bg["repeat"]) or len(set(reps)) != len(reps):
+        return None
+    num, den = [], []
+    for rep in reps:
+        a = _samples(per_step, cg.loc[cg["repeat"] == rep, "trial_id"], metric)
+        b = _samples(per_step, bg.loc[bg["repeat"] == rep, "trial_id"], metric)
+        if a and b:
+            num += a
+            den += b
+    return (num, den) if len(num) >= 2 else None
+
+
+def _boot_medians(trials: list[np.ndarray], rng: np.random.Generator, n: int,
+                  pick: np.ndarray | None = None) -> np.ndarray:
     """Two-level bootstrap: n resamples of (trials with replacement, then steps within each
-    picked trial with replacement, as many as it has), the median of each resample."""
+    picked trial with replacement, as many as it has), the median of each resample. ``pick``
+    (n x trials): which trials each resample takes, when given (paired resampling)."""
     k = len(trials)
     sizes = np.array([a.size for a in trials])
     smax = int(sizes.max())
     table = np.full((k, smax), np.nan)
     for i, a in enumerate(trials):
         table[i, : a.size] = a
-    pick = rng.integers(0, k, size=(n, k))  # trials
+    if pick is None:
+        pick = rng.integers(0, k, size=(n, k))  # trials
     size = sizes[pick][:, :, None]  # (n, k, 1)
     idx = np.floor(rng.random((n, k, smax)) * size).astype(int)  # steps within each trial
     vals = table[pick[:, :, None], idx]
@@ -260,13 +292,21 @@ def _boot_medians(trials: list[np.ndarray], rng: np.random.Generator, n: int) ->
     return np.nanmedian(vals, axis=1) if (sizes != smax).any() else np.median(vals, axis=1)
 
 
-def ratio_with_ci(num: list[np.ndarray], den: list[np.ndarray], seed: int = 0, n: int = N_BOOT) -> tuple[float, float, float]:
-    """median(num) / median(den) with a 90% two-level bootstrap percentile interval."""
+def ratio_with_ci(num: list[np.ndarray], den: list[np.ndarray], seed: int = 0, n: int = N_BOOT,
+                  paired: bool = False) -> tuple[float, float, float]:
+    """median(num) / median(den) with a 90% two-level bootstrap percentile interval.
+    ``paired``: num[i] and den[i] ran together (same repetition); resample them together."""
     if not num or not den:
         return (math.nan, math.nan, math.nan)
     value = float(np.median(np.concatenate(num)) / np.median(np.concatenate(den)))
     rng = np.random.default_rng(seed)
-    r = _boot_medians(num, rng, n) / _boot_medians(den, rng, n)
+    if paired:
+        if len(num) != len(den):
+            raise ValueError(f"paired resampling needs as many trials on both sides ({len(num)} != {len(den)})")
+        pick = rng.integers(0, len(num), size=(n, len(num)))
+        r = _boot_medians(num, rng, n, pick) / _boot_medians(den, rng, n, pick)
+    else:
+        r = _boot_medians(num, rng, n) / _boot_medians(den, rng, n)
     lo, hi = np.percentile(r, CI)
     return value, float(lo), float(hi)
 
@@ -274,12 +314,13 @@ def ratio_with_ci(num: list[np.ndarray], den: list[np.ndarray], seed: int = 0, n
 def speedup_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
     """Rows: canzona group x comparison (vs sync, vs layerwise: speedup; vs adamw: overhead)
     x metric. Columns: point columns, canzona_variant, comparison, baseline, baseline_variant,
-    metric, kind, value, ci_low, ci_high, canzona_median, baseline_median, n_trials_canzona,
-    n_trials_baseline, n_steps_canzona, n_steps_baseline."""
+    metric, kind, value, ci_low, ci_high, paired (repetitions resampled together, see the module
+    docstring), canzona_median, baseline_median, n_trials_canzona, n_trials_baseline,
+    n_steps_canzona, n_steps_baseline."""
     pcols = trials.attrs["point_columns"]
     ok = trials[trials["source"] == "steps"]
     cols = [*pcols, "canzona_variant", "comparison", "baseline", "baseline_variant", "metric", "kind",
-            "value", "ci_low", "ci_high", "canzona_median", "baseline_median", "n_trials_canzona",
+            "value", "ci_low", "ci_high", "paired", "canzona_median", "baseline_median", "n_trials_canzona",
             "n_trials_baseline", "n_steps_canzona", "n_steps_baseline"]
     rows = []
     can = ok[ok["method"] == "canzona"]
@@ -296,17 +337,21 @@ def speedup_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
             cmp.append(("canzona overhead vs adamw", "adamw", "", ag))
         for comparison, b, bv, bg in cmp:
             for m in METRICS:
-                cs = _samples(per_step, cg["trial_id"], m)
-                bs = _samples(per_step, bg["trial_id"], m)
+                pairs = _paired(cg, bg, per_step, m)
+                if pairs is not None:
+                    cs, bs = pairs
+                else:
+                    cs = _samples(per_step, cg["trial_id"], m)
+                    bs = _samples(per_step, bg["trial_id"], m)
                 if b == "adamw":
-                    value, lo, hi = ratio_with_ci(cs, bs)
+                    value, lo, hi = ratio_with_ci(cs, bs, paired=pairs is not None)
                     kind = "overhead"
                 else:
-                    value, lo, hi = ratio_with_ci(bs, cs)
+                    value, lo, hi = ratio_with_ci(bs, cs, paired=pairs is not None)
                     kind = "speedup"
                 r = dict(point)
                 r.update(canzona_variant=key[-1], comparison=comparison, baseline=b, baseline_variant=bv,
-                         metric=m, kind=kind, value=value, ci_low=lo, ci_high=hi,
+                         metric=m, kind=kind, value=value, ci_low=lo, ci_high=hi, paired=pairs is not None,
                          canzona_median=float(np.median(np.concatenate(cs))) if cs else math.nan,
                          baseline_median=float(np.median(np.concatenate(bs))) if bs else math.nan,
                          n_trials_canzona=len(cs), n_trials_baseline=len(bs),

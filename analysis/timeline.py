@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from analysis.load import Trial
+from analysis.load import TrialRecords
 from canzona.records import atomic_write_text
 
 ITERATION_SIDE = ("forward", "backward", "grad_reduce", "param_sync")
@@ -33,7 +33,7 @@ def _valid(ev: Any) -> bool:
             and isinstance(ev.get("dur_ms"), (int, float)) and not math.isnan(ev["start_ms"]))
 
 
-def representative_step(trial: Trial) -> int | None:
+def representative_step(trial: TrialRecords) -> int | None:
     """The measured step (with events) whose max-over-ranks optimizer_step_ms is closest to
     the median of those values (ties: the earliest)."""
     per: dict[int, float] = {}
@@ -48,7 +48,7 @@ def representative_step(trial: Trial) -> int | None:
     return min(per, key=lambda k: (abs(per[k] - med), k))
 
 
-def step_events(trial: Trial, step: int, optimizer_only: bool = True) -> tuple[list[dict[str, Any]], bool]:
+def step_events(trial: TrialRecords, step: int, optimizer_only: bool = True) -> tuple[list[dict[str, Any]], bool]:
     """Events of one step, one dict per event with ``rank`` added and ``start_ms`` shifted so
     the optimizer step starts at 0 (the earliest optimizer event over ranks). Returns
     (events, optimizer_only) -- the flag is False when the step had no optimizer events and the
@@ -86,7 +86,7 @@ def _tracks(events: list[dict[str, Any]]) -> list[int]:
     return out
 
 
-def chrome_trace(trial: Trial) -> dict[str, Any] | None:
+def chrome_trace(trial: TrialRecords) -> dict[str, Any] | None:
     """A Chrome-trace (Perfetto) document of the trial's measured steps: one process per rank,
     a ``step`` thread with one span per step, a ``compute`` thread (model/compute/wait) and
     ``comm`` threads (overlapping collectives get extra threads). Step starts are the
@@ -145,7 +145,7 @@ def chrome_trace(trial: Trial) -> dict[str, Any] | None:
                           "source": "steps.jsonl events (measured steps)"}}
 
 
-def write_trace(trial: Trial, dest: Path) -> bool:
+def write_trace(trial: TrialRecords, dest: Path) -> bool:
     """Copy the trial's own trace.json to `dest`, else build one from its events. False if
     there is nothing to trace."""
     own = trial.path / "trace.json"

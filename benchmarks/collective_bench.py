@@ -1,4 +1,4 @@
-"""Which uneven reduce-scatter / all-gather to use for Canzona's shards (DESIGN.md §3.1).
+"""Which uneven reduce-scatter / all-gather to use for Canzona's shards (docs/design.md §3.1).
 
     python benchmarks/collective_bench.py [--out benchmarks/results/collective_bench.csv] [key=value ...]
 

@@ -68,7 +68,7 @@ def target(row: dict) -> float:
 def bench_row(model: str, dp: int, tp: int, method: str, grouping: str, overrides: list[str]) -> tuple[dict, Plan]:
     extra = [f"canzona.grouping={grouping}"] if grouping else []
     plan = make_plan(load_config([f"model={model}", f"parallel.dp={dp}", f"parallel.tp={tp}", f"method={method}",
-                                  *extra, *overrides]))
+                                  "canzona.cost=flops", *extra, *overrides]))
     m = compute_metrics(plan)
     path = critical_path(plan, m.compute)
     return {"model": model, "dp": dp, "tp": tp, "method": method, "grouping": grouping,

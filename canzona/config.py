@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from canzona.cost import COSTS
 from canzona.errors import ConfigError
 from canzona.inventory import ModelConfig, check_tp, model_config
 from canzona.optim import registry as optimizers
@@ -21,7 +22,6 @@ from canzona.overrides import Arguments, build, split_argv
 from canzona.plan.methods import METHODS
 
 OPTIMIZERS = optimizers.NAMES
-COSTS = ("numel", "flops", "measured")
 GROUPINGS = ("rounds", "global", "slot", "single", "none")
 DP_COLLECTIVES = ("auto", "padded", "reduce_loop", "coalesced", "all_to_all")
 SYNC_VARIANTS = ("all_reduce", "zero1_gather")
@@ -47,7 +47,10 @@ class ParallelSection:
 @dataclass
 class CanzonaSection:
     alpha: float = 1.0
-    cost: str = "flops"
+    # The cost model (`canzona.cost`): auto is measured time on this machine's device (its
+    # calibration cache, taken when first needed), or the roofline of `cost_profile` for a
+    # device this machine does not have; measured, roofline, flops, numel explicitly.
+    cost: str = "auto"
     grouping: str = "rounds"
     # Micro-group capacity: the most a group may put on one TP rank, as a fraction of the
     # per-rank ideal load (the TP group's total / tp). Cost-model independent; 0.125 gives
@@ -56,11 +59,16 @@ class CanzonaSection:
     # DP partitioner: minmax (exact per-bucket min-max split) or snap (the paper's rule).
     dp_variant: str = "minmax"
     pipeline_depth: int = 2
+    # measured from this profile's table (python -m canzona.calibrate) instead of the cache
     measured_profile: str | None = None
+    # roofline: the device profile (a name under profiles/ or a YAML path) of CUDA plans made
+    # where no GPU is visible, and of canzona.cost=roofline
+    cost_profile: str = "h100"
+    # where the calibration cache lives (default: $CANZONA_CACHE_DIR, else
+    # $XDG_CACHE_HOME/canzona, else ~/.cache/canzona)
+    cost_cache: str | None = None
     # flops cost model: matmul-flop equivalents charged per element of an elementwise update
     elementwise_flops: float = 512.0
-
-
 
 
 @dataclass
@@ -104,6 +112,9 @@ class TrainSection:
     warmup: int = 2
     seed: int = 1234
     micro_batch: int = 2
+    # Micro-batches per iteration (Megatron's gradient accumulation: the global batch is
+    # dp x grad_accum x micro_batch sequences; gradients are reduced once, after the last one).
+    grad_accum: int = 1
     seq_len: int = 64
     fail_on_rank: int | None = None  # test hook: this rank raises at step `fail_at_step`
     fail_at_step: int = 0
@@ -165,12 +176,12 @@ def validate(cfg: TrialConfig) -> TrialConfig:
         raise ConfigError(f"canzona.elementwise_flops={cfg.canzona.elementwise_flops} must be positive")
     if cfg.canzona.pipeline_depth < 0:
         raise ConfigError(f"canzona.pipeline_depth={cfg.canzona.pipeline_depth} must be >= 0")
-    if cfg.canzona.cost == "measured" and not cfg.canzona.measured_profile:
-        raise ConfigError("canzona.cost=measured needs canzona.measured_profile=PATH (from python -m canzona.calibrate)")
     if cfg.parallel.dp < 1:
         raise ConfigError(f"parallel.dp={cfg.parallel.dp} must be a positive integer")
     if cfg.bucket.size is not None and cfg.bucket.size < 1:
         raise ConfigError(f"bucket.size={cfg.bucket.size} must be a positive number of elements")
+    if cfg.train.grad_accum < 1:
+        raise ConfigError(f"train.grad_accum={cfg.train.grad_accum} must be a positive number of micro-batches")
     if cfg.train.steps < 1 or cfg.train.warmup < 0:
         raise ConfigError(f"train.steps={cfg.train.steps} must be >= 1 and train.warmup={cfg.train.warmup} >= 0")
     check_tp(cfg.model_cfg(), cfg.parallel.tp)

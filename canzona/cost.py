@@ -1,42 +1,55 @@
 """Cost models: the work of one parameter's optimizer update, on the FULL (unsharded) tensor.
 
-Three interchangeable models (DESIGN.md §2):
-- ``numel``: the linear proxy every ZeRO implementation balances on.
+Interchangeable models (docs/design.md §2); every one has a ``name`` and a ``source`` (where its
+numbers come from), which the plan carries:
+- ``measured``: seconds timed on the device the plan runs on. By default from this machine's
+  calibration cache (`canzona.calibrate.cache`: taken the first time a plan needs it, extended
+  when a plan needs new shapes), with ``canzona.measured_profile=PATH`` from the ``updates``
+  table of a profile written by ``python -m canzona.calibrate`` instead (a shape missing there
+  is the sum of its kernels when those are measured, else extrapolated from the nearest
+  measured shape by the flops ratio, and counted in ``missing``).
+- ``roofline``: seconds on a device profile (`canzona.roofline`): flops at the matmul peak,
+  bytes at the memory bandwidth, a per-kernel overhead. What a plan for a device this machine
+  does not have (a GPU cluster planned from a laptop) uses.
 - ``flops``: analytic floating-point operation counts, from each optimizer's module
   (`canzona.optim.registry`), refreshes amortised over their interval, preconditioner blocking
-  included.
-- ``measured``: seconds per shape timed on a device (``python -m canzona.calibrate``), loaded
-  from a YAML profile. A shape missing from the profile is the sum of its kernels' (the blocks
-  of a blocked preconditioner) when those are all measured, else extrapolated from the nearest
-  measured shape by the flops ratio, and counted in ``missing`` so callers can warn.
-
-All planners only ever compare costs with each other, so any positive unit works.
+  included; elementwise updates charged a fixed flop equivalent per element.
+- ``numel``: the linear proxy every ZeRO implementation balances on.
+``auto`` (the default, `select_cost_model`) is ``measured`` when the plan's device is on this
+machine and ``roofline`` otherwise. Planners only compare costs with each other, so any
+positive unit works.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
 from canzona.errors import ConfigError
 from canzona.inventory import ParamSpec
 from canzona.optim import registry
+from canzona.optim.rule import OptimizerDef
 from canzona.optim.section import OptimizerSection
 
+if TYPE_CHECKING:
+    from canzona.calibrate.cache import Calibration
+
+COSTS = ("auto", "measured", "roofline", "flops", "numel")
 # Elementwise AdamW's flops are memory-bound: it reads and writes param, grad and two moments
 # (~32 bytes per fp32 element). For *planning*, the flops model charges each elementwise update
 # the matmul flops that take the same time (``canzona.elementwise_flops``, default 512: 32 bytes
 # at a machine balance of 16 flops/byte; measured here: ~440 on one CPU core, GPUs are far
 # higher). Counting its ~12 flops would make a rank holding the embedding look idle; the
-# `measured` cost model replaces the guess with timings from `python -m canzona.calibrate`.
+# measured and roofline models need no such guess.
 ELEMENTWISE_FLOP_EQUIVALENT = 512.0
 
 
 class CostModel(Protocol):
     name: str
+    source: str
 
     def cost(self, spec: ParamSpec) -> float: ...
 
@@ -48,6 +61,7 @@ def _matrix_shapes(spec: ParamSpec) -> list[tuple[int, int]]:
 @dataclass
 class NumelCost:
     name: str = "numel"
+    source: str = "numel: elements per parameter"
 
     def cost(self, spec: ParamSpec) -> float:
         return float(spec.numel)
@@ -63,8 +77,13 @@ class FlopsCost:
     elementwise_flops: float = ELEMENTWISE_FLOP_EQUIVALENT
     name: str = "flops"
 
+    @property
+    def definition(self) -> OptimizerDef:  # looked up, not kept: the model is pickled to other ranks
+        return registry.get(self.optimizer)
+
     def __post_init__(self) -> None:
-        self.definition = registry.get(self.optimizer)
+        registry.get(self.optimizer)  # an unknown name fails here
+        self.source = f"flops: {self.optimizer} flop counts, elementwise {self.elementwise_flops:g} per element"
 
     def matrix_flops(self, m: int, n: int) -> float:
         if not self.definition.matrix:
@@ -79,12 +98,16 @@ class FlopsCost:
 
 @dataclass
 class MeasuredCost:
-    """Seconds per update, keyed by optimizer then ``"MxN"`` (adamw keyed per element)."""
+    """Seconds per update: ``table`` maps ``"MxN"`` to one matrix's (or kernel's) update with
+    refreshes amortised; elementwise parameters cost ``adamw_tensor_overhead_s`` plus
+    ``adamw_seconds_per_element`` per element."""
 
     optimizer: str
     table: dict[str, float]
     adamw_seconds_per_element: float
     flops: FlopsCost
+    adamw_tensor_overhead_s: float = 0.0
+    source: str = "measured"
     name: str = "measured"
     missing: set[str] = field(default_factory=set)
 
@@ -103,7 +126,7 @@ class MeasuredCost:
 
     def cost(self, spec: ParamSpec) -> float:
         if spec.kind != "matrix" or not self.flops.definition.matrix:
-            return self.adamw_seconds_per_element * spec.numel
+            return self.adamw_tensor_overhead_s + self.adamw_seconds_per_element * spec.numel
         return sum(self._matrix_seconds(m, n) for m, n in _matrix_shapes(spec))
 
 
@@ -113,16 +136,37 @@ def _parse(key: str) -> tuple[int, int]:
 
 
 def load_measured(path: str | Path, optimizer: str, flops: FlopsCost) -> MeasuredCost:
+    """The measured model of a profile written by ``python -m canzona.calibrate``."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as e:
         raise ConfigError(f"canzona.measured_profile={str(path)!r} cannot be read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"canzona.measured_profile={str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"canzona.measured_profile={str(path)!r} is not a profile (a mapping with an updates table)")
     updates = (data or {}).get("updates", {})
     if flops.definition.matrix and not updates.get(optimizer):
         have = ", ".join(sorted(updates)) or "none"
         raise ConfigError(f"profile {path} has no measured {optimizer} updates; it has: {have}")
     adamw = float((data or {}).get("adamw_seconds_per_element", 0.0)) or 1e-9
-    return MeasuredCost(optimizer, {k: float(v) for k, v in updates.get(optimizer, {}).items()}, adamw, flops)
+    device = (data or {}).get("device") or {}
+    where = ", ".join(str(device[k]) for k in ("host", "name", "torch", "date") if device.get(k))
+    return MeasuredCost(optimizer, {k: float(v) for k, v in updates.get(optimizer, {}).items()}, adamw, flops,
+                        float((data or {}).get("adamw_tensor_overhead_s", 0.0)),
+                        source=f"measured: {path}" + (f" ({where})" if where else ""))
+
+
+def from_calibration(calibration: Calibration, optimizer: str, flops: FlopsCost) -> MeasuredCost:
+    """The measured model of this machine's calibration cache: kernel seconds with refreshes
+    amortised over the optimizer's interval."""
+    d = flops.definition
+    every = d.refresh_every(flops.settings) if d.refresh_every is not None else None
+    table = {shape: float(e["step_s"]) + (float(e.get("refresh_s", 0.0)) / every if every else 0.0)
+             for shape, e in (calibration.table(optimizer, flops.settings) if d.matrix else {}).items()}
+    ew = calibration.elementwise
+    return MeasuredCost(optimizer, table, float(ew["seconds_per_element"]), flops, float(ew["tensor_overhead_s"]),
+                        source=calibration.describe())
 
 
 def make_cost_model(
@@ -134,9 +178,14 @@ def make_cost_model(
     profile: str | None = None,
     elementwise_flops: float = ELEMENTWISE_FLOP_EQUIVALENT,
     settings: Any = None,
+    calibration: Calibration | None = None,
+    device_profile: Any = "h100",
 ) -> CostModel:
-    """``settings``, the whole optimizer section (so ``max_preconditioner_dim`` and any other
-    option counts), wins over the ``ns_steps`` / ``precondition_frequency`` shorthands."""
+    """A cost model of an explicit ``kind``. ``settings``, the whole optimizer section (so
+    ``max_preconditioner_dim`` and any other option counts), wins over the ``ns_steps`` /
+    ``precondition_frequency`` shorthands. ``measured`` reads ``profile`` (a calibrate profile's
+    path) or else ``calibration`` (this machine's cache, see `select_cost_model`); ``roofline``
+    runs on ``device_profile`` (a `canzona.sim.profile.Profile`, a name or a path)."""
     if settings is None:
         settings = OptimizerSection(ns_steps=ns_steps, precondition_frequency=precondition_frequency)
     flops = FlopsCost(optimizer, settings, elementwise_flops)
@@ -145,7 +194,68 @@ def make_cost_model(
     if kind == "flops":
         return flops
     if kind == "measured":
-        if profile is None:
-            raise ConfigError("canzona.cost=measured needs canzona.measured_profile=PATH")
-        return load_measured(profile, optimizer, flops)
-    raise ConfigError(f"canzona.cost={kind!r} is not allowed; choose one of: numel, flops, measured")
+        if profile is not None:
+            return load_measured(profile, optimizer, flops)
+        if calibration is None:
+            raise ConfigError("canzona.cost=measured needs canzona.measured_profile=PATH or this machine's calibration")
+        return from_calibration(calibration, optimizer, flops)
+    if kind == "roofline":
+        from canzona.roofline import RooflineCost
+
+        return RooflineCost.on(device_profile, optimizer, settings)
+    raise ConfigError(f"canzona.cost={kind!r} is not allowed; choose one of: {', '.join(COSTS)}")
+
+
+def select_cost_model(cfg: Any, device: str, *, profile: Any = None, threads: int | None = None,
+                      log: Any = None) -> CostModel:
+    """The cost model a plan of ``cfg`` for a ``device`` (cpu | cuda) uses.
+
+    ``canzona.cost=auto``: ``measured`` when this machine has such a device (a CPU always; CUDA
+    when a GPU is visible), timed into this machine's calibration cache as needed (or read from
+    ``canzona.measured_profile`` when given); otherwise ``roofline`` on ``profile`` (the
+    simulator's), else ``canzona.cost_profile``. ``threads``:
+    the torch threads per rank the trial runs with (default: ``dist.threads_per_rank``, else the
+    cores shared by the ranks of one local trial). ``log`` hears the cache's path.
+    """
+    kind = cfg.canzona.cost
+    optimizer = "adamw" if cfg.method == "adamw" else cfg.optimizer.name
+    if kind == "auto":
+        kind = "measured" if device_here(device) or cfg.canzona.measured_profile else "roofline"
+    measured_here = kind == "measured" and not cfg.canzona.measured_profile
+    if measured_here and not device_here(device):
+        raise ConfigError(f"canzona.cost=measured: this machine has no {device} device to time (dist.device="
+                          f"{cfg.dist.device}); use canzona.cost=roofline or canzona.measured_profile=PATH")
+    calibration = None
+    if measured_here:
+        calibration = _calibration(cfg, device, optimizer, threads, log)
+    return make_cost_model(kind, optimizer, profile=cfg.canzona.measured_profile if kind == "measured" else None,
+                           elementwise_flops=cfg.canzona.elementwise_flops, settings=cfg.optimizer,
+                           calibration=calibration, device_profile=profile or cfg.canzona.cost_profile)
+
+
+def device_here(device: str) -> bool:
+    """Can this machine time a ``device`` (cpu | cuda)?"""
+    if device == "cpu":
+        return True
+    import torch
+
+    return device == "cuda" and torch.cuda.is_available()
+
+
+def _calibration(cfg: Any, device: str, optimizer: str, threads: int | None, log: Any) -> Calibration:
+    import os
+
+    from canzona.calibrate.cache import Need, ensure
+    from canzona.inventory import build_inventory
+
+    if threads is None:
+        threads = cfg.dist.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.world_size)
+    d = registry.get(optimizer)
+    needs = []
+    if d.matrix:
+        params = build_inventory(cfg.model_cfg(), split_fused=cfg.model.split_fused,
+                                 matrix_embeddings=cfg.model.matrix_embeddings)
+        shapes = [s for p in params if p.kind == "matrix" for s in _matrix_shapes(p)]
+        needs.append(Need(optimizer, cfg.optimizer, tuple(d.calibration_shapes(shapes, cfg.optimizer))))
+    calibration, _ = ensure(device, threads, needs, cfg.canzona.cost_cache, log)
+    return calibration

@@ -41,7 +41,7 @@ class ModelConfig:
         return self.heads // self.kv_heads
 
 
-# Public Qwen3 dense configs (head_dim 128, vocab 151936). DESIGN.md §5.
+# Public Qwen3 dense configs (head_dim 128, vocab 151936). docs/design.md §5.
 QWEN3: dict[str, ModelConfig] = {
     c.name: c
     for c in [

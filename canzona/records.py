@@ -37,7 +37,7 @@ STEP_FIELDS = (
     "backward_ms",  # includes reduction work issued from hooks that overlapped backward
     "grad_reduce_ms",  # exposed (not hidden behind backward) gradient reduction
     "clip_grad_ms",  # gradient-norm clipping inside the optimizer step: local norm, its all-reduce, scaling
-    "optimizer_step_ms",  # DESIGN.md §6: grads reduced -> every owned param updated
+    "optimizer_step_ms",  # docs/design.md §6: grads reduced -> every owned param updated
     "gather_ms",  # packing and issuing TP gathers to owners (baselines: the whole TP all-gather)
     "compute_ms",  # owner optimizer maths
     "scatter_ms",  # packing and issuing TP scatters back to shard holders
@@ -45,6 +45,8 @@ STEP_FIELDS = (
     "param_sync_ms",  # exposed DP parameter all-gather: the wait after the step, or (overlapped) the
     #                   waits in the next forward's pre-hooks
     "wait_ms",  # blocked on in-flight TP gathers/scatters of the micro-group pipeline
+    "param_gather_ms",  # the parameter all-gathers' own time, issue to completion (null where the backend
+    #                     reports no completion), whether or not it was hidden behind the forward
     "compute_load",  # planned optimizer compute load of this rank (cost-model units)
     "loss",
 )

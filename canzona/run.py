@@ -38,9 +38,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg, _ = parse_cli(argv)
         if not cfg.out:
             raise ConfigError("out=DIR is required: where the trial writes its records")
+        from canzona.cost import NumelCost
         from canzona.plan.methods import make_plan
 
-        make_plan(cfg, device="cuda" if cfg.dist.dry_run else None)
+        # the layout check only: the costs are chosen where the trial plans (the local launcher,
+        # or rank 0 of an external launch), so the ranks of a launch never calibrate each
+        make_plan(cfg, device="cuda" if cfg.dist.dry_run else None, cost_model=NumelCost())
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

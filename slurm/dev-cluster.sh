@@ -117,7 +117,8 @@ SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-# No slurmdbd: sacct is unavailable (submitit logs 'Bypassing sacct error').
+# No slurmdbd: sacct is unavailable (submitit logs 'Bypassing sacct error'); the sweep reads
+# ended jobs' states from the controller, which keeps them for MinJobAge seconds.
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none

@@ -34,7 +34,9 @@ Everything is written to one YAML file in the format of `canzona.sim.profile`;
 
 Modules: `settings` (the command line), `shapes` (what to time), `clock` (timing a call on the
 device), `compute` (maths), `comm` (collectives), `model_pass` (forward / backward), `workers`
-(the processes), `fit` (the fits), `build` (the run and the profile).
+(the processes), `fit` (the fits), `build` (the run and the profile). Apart from that CLI,
+`cache` and `kernels` keep the planner's own calibration: the shapes a plan needs, timed on
+demand into a per-machine cache outside the repository (``canzona.cost=auto``, the default).
 """
 
 from canzona.calibrate.build import calibrate, write_profile

@@ -44,6 +44,7 @@ class FlatBuffers:
         self._ready = [0] * len(layout.buckets)
         self._next_bucket = 0
         self._on_ready: Callable[[int], None] | None = None
+        self._armed = True  # count arrivals and hand out full buckets (the last micro-batch)
         self._on_grad: Callable[[int, torch.Tensor], torch.Tensor] | None = None
 
     # ---- views
@@ -73,8 +74,9 @@ class FlatBuffers:
                 grad = self._on_grad(index, grad)
             self.grad_view(index).add_(grad)
             param.grad = None
-            self._ready[self.bucket_of[index]] += 1
-            self.launch_ready()
+            if self._armed:
+                self._ready[self.bucket_of[index]] += 1
+                self.launch_ready()
 
         return hook
 
@@ -88,6 +90,11 @@ class FlatBuffers:
                 return
             self._next_bucket += 1
             self._on_ready(b)
+
+    def arm(self, on: bool) -> None:
+        """Gradient accumulation: earlier micro-batches only accumulate into the buffer; the last
+        one's gradients also count towards handing out full buckets."""
+        self._armed = on
 
     def start_step(self) -> None:
         self.grad_buf.zero_()

@@ -16,6 +16,7 @@ group (NCCL launches them as one group call; gloo has no coalescing and runs the
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,29 @@ class Pending:
         self.finish = finish
         self.keep = keep  # tensors that must outlive the works
         self.result: Any = None
+        self.issued = time.perf_counter()
+        self.completed: float | None = None  # when the backend said the works were done, if it says
+        self._pending_futures = 0
+        for w in works:
+            future = getattr(w, "get_future", None)
+            if future is None:
+                continue
+            try:
+                fut = future()
+            except (RuntimeError, NotImplementedError):  # a backend without futures
+                continue
+            self._pending_futures += 1
+            fut.add_done_callback(self._done)
+
+    def _done(self, _fut) -> None:
+        self._pending_futures -= 1
+        if self._pending_futures == 0:
+            self.completed = time.perf_counter()
+
+    def duration_ms(self) -> float | None:
+        """Issue to completion as the backend reported it (the collective's own time, waits or
+        not), or None when the backend gives no completion callback."""
+        return None if self.completed is None else (self.completed - self.issued) * 1e3
 
     def wait(self) -> Any:
         for w in self.works:

@@ -72,10 +72,13 @@ class Runtime:
         self.results: dict[str, Any] = {}
         self.computed: set[int] = set()  # matrices whose full update this rank computed
         self.loss: torch.Tensor | None = None
-        self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._batches: list = []
+        self._losses: list[torch.Tensor] = []
         self._timer = None
-        backward = next((a for a in program.actions if isinstance(a, Backward)), None)
-        self._backward_index = program.actions.index(backward) if backward is not None else -1
+        backwards = [k for k, a in enumerate(program.actions) if isinstance(a, Backward)]
+        self._backward_index = backwards[-1] if backwards else -1
+        backward = program.actions[self._backward_index] if backwards else None
+        self._micro = sum(isinstance(a, Forward) for a in program.actions)
         self._hooks = {h.bucket: h.issue for h in backward.hooks} if backward is not None else {}
         partial = {i for i, _ in backward.tp_partial} if backward is not None else set()
         self.buffers.install_hooks(self._bucket_ready if self._hooks else None,
@@ -83,6 +86,14 @@ class Runtime:
         self._partial = partial
         forward = program.actions[0] if program.actions and isinstance(program.actions[0], Forward) else None
         self._install_gather_waits(forward.waits if forward is not None else ())
+
+    def _gather_done(self, pend: Pending) -> None:
+        """Add a parameter gather's own duration (issue to completion) to this iteration's."""
+        ms = pend.duration_ms()
+        if ms is not None and self.param_gather_ms is not None:
+            self.param_gather_ms += ms
+        else:
+            self.param_gather_ms = None
 
     def _partial_grad(self, i: int, grad: torch.Tensor) -> torch.Tensor:
         """A replicated param's partial gradient (q/k-norm) summed over TP, in fp32 as Megatron
@@ -116,16 +127,20 @@ class Runtime:
         pend = self.pending.pop(w.tag, None)
         if pend is not None:
             pend.wait()
+            self._gather_done(pend)
         if w.then is not None:
             self._issue(w.then)
 
     # ------------------------------------------------------------------ running
-    def iteration(self, tokens: torch.Tensor, labels: torch.Tensor, timer) -> torch.Tensor:
-        """One training iteration; returns this rank's loss."""
-        self._batch = (tokens, labels)
+    def iteration(self, batches, timer) -> torch.Tensor:
+        """One training iteration over ``batches`` (one ``(tokens, labels)`` per micro-batch);
+        returns this rank's mean loss."""
+        batches = [batches] if isinstance(batches, tuple) else list(batches)
+        if len(batches) != self._micro:
+            raise ValueError(f"the program runs {self._micro} micro-batches per iteration, got {len(batches)}")
+        self._batches, self._losses = batches, []
         self.run(self.program.actions, timer)
-        assert self.loss is not None
-        return self.loss
+        return torch.stack([x.detach().float() for x in self._losses]).mean()
 
     def run(self, actions, timer) -> None:
         self._timer = timer
@@ -181,6 +196,7 @@ class Runtime:
 
     # ------------------------------------------------------------------ actions
     def _start(self) -> None:
+        self.param_gather_ms: float | None = 0.0
         self.buffers.start_step()
         self.recorder.reset()
         self.results = {}
@@ -242,14 +258,19 @@ class Runtime:
 
     def _do(self, a, timer) -> None:
         if isinstance(a, Forward):
-            self._start()
-            tokens, labels = self._batch
+            if a.micro == 0:
+                self._start()
+            tokens, labels = self._batches[a.micro]
             with timer.phase(a.phase):
                 self.loss = self.model(tokens, labels)
+            self._losses.append(self.loss)
         elif isinstance(a, Backward):
+            self.buffers.arm(a.last)
             with timer.phase(a.phase):
-                self.loss.backward()
-            self.buffers.check_complete()
+                # the mean over micro-batches, as Megatron scales each micro-batch's loss
+                (self.loss / self._micro if self._micro > 1 else self.loss).backward()
+            if a.last:
+                self.buffers.check_complete()
         elif isinstance(a, COMM_TYPES):
             with timer.phase(a.phase, a.tag):
                 self._issue(a)
@@ -258,6 +279,8 @@ class Runtime:
                 for tag in a.tags:
                     pend = self.pending.pop(tag)
                     self.results[tag] = pend.wait()
+                    if a.phase == "param_sync":
+                        self._gather_done(pend)
         elif isinstance(a, Mark):
             if a.name == "step_start":
                 self.steps += 1

@@ -49,6 +49,7 @@ def plan_json(plan: Plan, metrics: PlanMetrics, path: CriticalPath) -> dict:
     return {
         "method": plan.method,
         "cost_model": plan.cost_model,
+        "cost_source": plan.cost_source,
         "dp": plan.dp,
         "tp": plan.tp,
         "params": params,
@@ -84,6 +85,7 @@ def render_table(cfg: TrialConfig, plan: Plan, m: PlanMetrics, path: CriticalPat
     lines = [
         f"{cfg.model_cfg().name}  method={plan.method}  optimizer={cfg.optimizer.name}  dp={plan.dp} tp={plan.tp}  "
         f"cost={plan.cost_model}  buckets={len(plan.layout.buckets)}  planned in {plan.plan_seconds * 1e3:.1f} ms",
+        f"costs: {plan.cost_source}",
         f"imbalance: compute {m.compute_imbalance:.3f}  memory {m.memory_imbalance:.3f}  "
         f"lower bound {m.lower_bound:.3f}  collectives/step {m.collectives}",
         f"critical path (each micro-group at its slowest TP rank): {path.imbalance:.3f}  "

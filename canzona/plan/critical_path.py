@@ -1,4 +1,4 @@
-"""Critical-path imbalance of a plan (pure), DESIGN.md §3.2.
+"""Critical-path imbalance of a plan (pure), docs/design.md §3.2.
 
 Per-rank totals (``imbalance.compute``) say how much each rank computes, not how long the
 step takes: inside one TP micro-group the TP ranks compute in parallel and the group ends

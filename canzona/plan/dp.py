@@ -6,7 +6,7 @@ A DP plan gives, for every bucket, P+1 absolute cut offsets: rank r owns the ele
 - ``equal_cuts``: Megatron's ZeRO-1 (``bucket / P`` each), which may cut params in pieces.
 - ``atomic_cuts``: the paper's fallback; each param goes to the rank whose equal shard holds its
   first element, shard ends stretched to param boundaries.
-- ``alpha_cuts``: α-balanced static partitioning (DESIGN.md §3.1), in two variants:
+- ``alpha_cuts``: α-balanced static partitioning (docs/design.md §3.1), in two variants:
   ``snap`` -- the paper's rule: visit buckets from largest to smallest, blend an equal split with
   a deficit-proportional (greedy) split, and snap the running sum to the nearest param boundary;
   ``minmax`` -- this project's refinement: for each bucket choose the contiguous in-order split

@@ -1,4 +1,4 @@
-"""Tensor-parallel micro-group scheduling (pure), DESIGN.md §3.2.
+"""Tensor-parallel micro-group scheduling (pure), docs/design.md §3.2.
 
 Input: the TP-sharded matrices one DP rank owns, with their costs, and the TP size T.
 Output: an ordered list of micro-groups; each group maps its matrices to owner TP ranks. The

@@ -32,6 +32,7 @@ class Execution:
     overlap_param_gather: bool = True  # parameter all-gather waited for in the next forward
     clip_grad: float = 0.0  # gradient-norm clipping threshold; 0: off
     device: str = "cpu"  # the device kind the plan runs on (cpu | cuda)
+    grad_accum: int = 1  # micro-batches (forward + backward) per iteration
 
     @classmethod
     def from_config(cls, cfg, device: str) -> Execution:
@@ -39,7 +40,7 @@ class Execution:
 
         dtype, why = resolve_dtype(cfg.train.dtype, device)
         return cls(cfg.dist.dp_collective, cfg.dist.overlap_grad_reduce, cfg.canzona.pipeline_depth, dtype, why,
-                   cfg.dist.overlap_param_gather, cfg.optimizer.clip_grad, device)
+                   cfg.dist.overlap_param_gather, cfg.optimizer.clip_grad, device, cfg.train.grad_accum)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class Plan:
     micro_groups: tuple[tuple[MicroGroup, ...], ...]
     plan_seconds: float = 0.0
     execution: Execution = Execution()
+    # Where the costs came from (`canzona.cost`): "measured: <calibration cache> (host, device,
+    # torch, date)", "roofline: profiles/h100.yaml", ...
+    cost_source: str = ""
 
     @property
     def dp(self) -> int:

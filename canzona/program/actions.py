@@ -418,6 +418,7 @@ class Forward:
     parameter gather's waits in module pre-hooks (``waits``, in forward order)."""
 
     waits: tuple[GatherWait, ...] = ()
+    micro: int = 0  # which micro-batch of the iteration (gradient accumulation)
     phase: str = "forward"
 
     def issues(self) -> tuple[Comm, ...]:
@@ -441,6 +442,8 @@ class Backward:
     hooks: tuple[BucketHook, ...]
     tp_partial: tuple[tuple[int, int], ...]  # (param index, local elements)
     dtype: str
+    micro: int = 0
+    last: bool = True  # the last micro-batch's backward: its hooks reduce the accumulated gradients
     phase: str = "backward"
 
     def calls(self) -> tuple[Call, ...]:

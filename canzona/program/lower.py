@@ -7,8 +7,9 @@ downstream walks the resulting actions; see `canzona.program.actions` for what e
 
 An iteration, in program order:
 
-1. ``Forward``; ``Backward`` whose bucket hooks issue each bucket's DP gradient reduction as
-   soon as the bucket is full (``dist.overlap_grad_reduce``; else the reductions follow
+1. ``Forward``; ``Backward`` (with ``train.grad_accum`` micro-batches, that many pairs, only the
+   last one reducing) whose bucket hooks issue each bucket's DP gradient reduction as soon as
+   the bucket is full (``dist.overlap_grad_reduce``; else the reductions follow
    backward), then a ``Wait`` for all of them (the exposed gradient reduction). Sync's
    ``zero1_gather`` variant then all-gathers the reduced gradients back.
 2. ``Mark(step_start)``; the optimizer step: the TP micro-group pipeline of the matrices this
@@ -123,13 +124,16 @@ class _Lowering:
     def iteration(self, d: int, t: int) -> list[Action]:
         plan = self.plan
         buckets = plan.layout.buckets
+        k = self.ex.grad_accum
         out: list[Action] = [Forward(self.forward_waits(d))]
+        for m in range(k - 1):  # gradient accumulation: earlier micro-batches only accumulate
+            out += [Backward((), self.tp_partial, GRAD_DTYPE, m, last=False), Forward((), m + 1)]
         reduces = [self.grad_reduce(d, b.index, "backward") for b in buckets] if self.dp > 1 else []
         if self.ex.overlap_grad_reduce:
             hooks = tuple(BucketHook(r.bucket, (r,)) for r in reduces)
-            out.append(Backward(hooks, self.tp_partial, GRAD_DTYPE))
+            out.append(Backward(hooks, self.tp_partial, GRAD_DTYPE, k - 1))
         else:
-            out.append(Backward((), self.tp_partial, GRAD_DTYPE))
+            out.append(Backward((), self.tp_partial, GRAD_DTYPE, k - 1))
             out.extend(self.grad_reduce(d, b.index, "grad_reduce") for b in buckets if self.dp > 1)
         if reduces:
             out.append(Wait(tuple(r.tag for r in reduces), "grad_reduce", "grad reduction"))

@@ -1,4 +1,4 @@
-"""The Canzona paper's headline (arXiv 2602.06079; DESIGN.md §1), printed beside projections.
+"""The Canzona paper's headline (arXiv 2602.06079; docs/design.md §1), printed beside projections.
 
 A module of its own (no torch, no planner) so that the report can label projections cheaply.
 """

@@ -131,6 +131,17 @@ class ProgramSim:
             return Handle(tag, self.tl.cpu[r], self.tl.cpu[r])
         return self.handles.get(self._key(r, comm, it))
 
+    def gather_ms(self, r: int) -> float:
+        """The measured iteration's parameter all-gathers' own time on rank r (start to end)."""
+        total = 0.0
+        for comm in self.comms[r].values():
+            if comm.phase != "param_sync":
+                continue
+            h = self.handles.get(self._key(r, comm)) or self.handles.get(self._key(r, comm, self.it - 1))
+            if h is not None:
+                total += h.end - h.start
+        return total * 1e3
+
     def _finish(self, r: int, tag: str) -> None:
         """Host work after a wait: the copy-out of what the collective brought."""
         comm = self.comms[r][tag]
@@ -160,9 +171,14 @@ class ProgramSim:
     def _iteration(self) -> None:
         tl, work = self.tl, self.work
         everyone = list(range(self.world))
-        self._forward(work)
-        self._backward(work)
-        pc = [2] * self.world
+        start = 0  # forward/backward pairs (one per micro-batch) run in lockstep on every rank
+        while isinstance(self.programs[0].actions[start], (Forward, Backward)):
+            if isinstance(self.programs[0].actions[start], Forward):
+                self._forward(work, start)
+            else:
+                self._backward(work, start)
+            start += 1
+        pc = [start] * self.world
         active = set(everyone)
         while active:
             moved = False
@@ -182,12 +198,12 @@ class ProgramSim:
                 blocked = sorted({(r, self.programs[r].actions[pc[r]].tags) for r in active})[:4]
                 raise Deadlock(f"no rank can proceed; blocked at {blocked}")
 
-    def _forward(self, work) -> None:
+    def _forward(self, work, index: int) -> None:
         """Forward in lockstep (identical model work on every rank); each rank first waits for
         the parameter gathers its program lists before the first unit that uses them."""
         tl = self.tl
         everyone = list(range(self.world))
-        waits = [{w.param: w for w in p.actions[0].waits} for p in self.programs]
+        waits = [{w.param: w for w in p.actions[index].waits} for p in self.programs]
         with tl.phase(everyone, "forward"):
             for items, sec in work.forward_units:
                 for i in items:  # a chained gather must be issued by every member before it is waited for
@@ -207,12 +223,12 @@ class ProgramSim:
                 for d in range(self.dp):
                     tl.blocking(self.members("tp", d * self.tp)[1], "tp", work.tp_forward_s, "forward TP all-reduces")
 
-    def _backward(self, work) -> None:
+    def _backward(self, work, index: int) -> None:
         tl = self.tl
         everyone = list(range(self.world))
         layout = self.plan.layout
         bucket_of = {s.index: b.index for b in layout.buckets for s in b.params}
-        backward = [p.actions[1] for p in self.programs]
+        backward = [p.actions[index] for p in self.programs]
         hooks = [{h.bucket: h.issue for h in b.hooks} for b in backward]
         ready = [0] * len(layout.buckets)
         launched = 0

@@ -73,10 +73,14 @@ APPLY_BYTES_PER_ELEMENT = 16.0  # param *= (1 - lr wd); param += -lr U: two read
 
 
 def ring_steps(kind: str, p: int) -> int:
+    """Latency steps of a collective over p ranks: the ring's (all-reduce 2(P-1), all-to-all 1,
+    the rest P-1), except that an all-reduce takes NCCL's tree when that has fewer steps
+    (2·⌈log2 P⌉: small all-reduces such as the gradient norm's do not pay 2(P-1) hops at 256
+    ranks). Only the latency term changes; volumes stay the ring's."""
     if p <= 1:
         return 0
     if kind == "all_reduce":
-        return 2 * (p - 1)
+        return min(2 * (p - 1), 2 * (p - 1).bit_length())
     if kind == "all_to_all":
         return 1
     return p - 1

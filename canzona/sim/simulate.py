@@ -48,10 +48,13 @@ def simulate(cfg: TrialConfig, profile: Any, plan: Plan | None = None) -> Progra
     step only the ranks with work compete for the cores, so the step is simulated a second time
     with the ratio of its mean number of busy ranks (from the first pass) to the cores.
     """
+    from canzona.cost import select_cost_model
     from canzona.plan.methods import make_plan
 
     prof = load_profile(profile)
-    plan = plan if plan is not None else make_plan(cfg)
+    if plan is None:  # planned for the profile's device, with its roofline where it is not this machine's
+        kind = str(prof.device.get("kind", "cpu"))
+        plan = make_plan(cfg, device=kind, cost_model=select_cost_model(cfg, kind, profile=prof))
     programs = lower(plan)
     scale, threads, cores = oversubscription(cfg, prof)
     sim = ProgramSim(cfg, plan, programs, prof, scale, scale)
@@ -64,28 +67,53 @@ def simulate(cfg: TrialConfig, profile: Any, plan: Plan | None = None) -> Progra
     return sim
 
 
-def assumptions(cfg: TrialConfig, prof: Profile, scale: float, step_scale: float = 1.0) -> list[str]:
+def assumptions(cfg: TrialConfig, prof: Profile, scale: float, step_scale: float = 1.0,
+                plan: Plan | None = None) -> list[str]:
+    """What a projection rests on, one line each (shown with every projection in the report)."""
+    from canzona.optim import registry
+
     opt = cfg.optimizer.name
     has_table = bool(prof.batched.get(opt))
+    ex = plan.execution if plan is not None else None
+    matmul_dtype = registry.get(opt).matmul_dtype(cfg.optimizer) if opt in registry.NAMES else "float32"
     out = [
         f"profile {prof.name} ({prof.source}); device {prof.device.get('name')}",
-        "one iteration in steady state: every rank starts at t=0; the median step has no "
-        "Shampoo/SOAP preconditioner refresh (eigendecompositions every precondition_frequency steps are not timed)",
+        "the programs the executor runs (canzona.program.lower), interpreted on a per-rank timeline: a collective "
+        "starts when every member has issued it and its stream is free; a rank blocks at a wait",
+        "steady state: with the overlapped parameter gather two iterations are simulated and the second measured; "
+        "the median step has no Shampoo/SOAP preconditioner refresh",
         "forward flops 2·T·(local matmul weights, output layer included) + 4·L·(heads·head_dim/tp)·seq·T, "
-        "backward twice that, at the profile's rate plus fixed and per-layer overheads; one micro-batch, "
-        "no pipeline parallelism, no sequence parallelism, no activation recomputation",
+        "backward twice that, at the profile's rate plus fixed and per-layer overheads; one micro-batch per "
+        "iteration (no gradient accumulation), no pipeline or sequence parallelism, no activation recomputation",
         f"Megatron TP all-reduces of b·s·hidden {prof.model_dtype} activations: 2 per layer + 1 embedding forward, "
         "2 per layer + 1 output layer backward, 3 small cross-entropy all-reduces",
-        "gradient and parameter buffers fp32 (4 bytes/element) as in the executor; buckets and shards from the plan",
-        "collectives: latency + (ring steps - 1)·step latency + bytes/bandwidth (ring volumes); a group spanning "
-        "more than one node runs at the network bandwidth (one NIC per GPU); concurrent groups do not contend",
+    ]
+    if ex is not None:
+        out += [
+            f"dtypes: parameters, activations and the parameter all-gather {ex.dtype} ({ex.dtype_reason}); gradients, "
+            "their reduction and the TP gathers/scatters float32; "
+            + ("fp32 main parameters updated and copied into the model inside the step"
+               if ex.dtype != "float32" else "the model's parameters are the main parameters"),
+            (f"gradient-norm clipping at {ex.clip_grad:g} inside the step: a float64 sum of squares per rank and "
+             "its all-reduce, then scaling" if ex.clip_grad > 0 else "no gradient clipping"),
+            ("parameter all-gather overlapped with the next forward as Megatron does: one bucket in flight, each "
+             "waited for in the pre-hook of the first module using it, which dispatches the next"
+             if ex.overlap_param_gather else "parameter all-gather after the step, not overlapped"),
+            f"uneven DP shards: dist.dp_collective={ex.dp_collective} (per bucket: even, padded, or the per-shard "
+            "rooted calls as one coalesced group" + ("" if prof.coalesces else ", run one after another on this device")
+            + "); bucket reductions issued from backward hooks" * ex.overlap_grad_reduce,
+        ]
+    out += [
+        "collectives: latency + (steps - 1)·step latency + bytes/bandwidth, ring volumes and steps (all-reduce: "
+        "the tree's 2·log2 P steps when fewer); a group spanning more than one node runs at the network bandwidth "
+        "(one NIC per GPU); concurrent groups do not contend",
         f"ranks TP-contiguous (rank = dp_rank·tp + tp_rank), {prof.ranks_per_node or 'all'} ranks per node",
         f"communication/compute overlap fraction {prof.overlap:g}",
-        "param all-gather after the step is not overlapped with the next forward (as the executor)",
-        ("optimizer updates from the profile's measured per-shape table (unmeasured shapes scaled by flops)"
+        ("optimizer updates from the profile's measured per-shape table (unmeasured shapes scaled by flops), "
+         "matrix by matrix as the executor runs them"
          if has_table else
-         f"optimizer updates from flops at {prof.matmul_flops.get(cfg.optimizer.ns_dtype if opt == 'muon' else 'float32', prof.matmul_flops['float32']) / 1e12:.3g} TFLOP/s"
-         " plus elementwise passes at the memory bandwidth"),
+         f"optimizer updates from flops at {prof.matmul_flops.get(matmul_dtype, prof.matmul_flops['float32']) / 1e12:.3g} "
+         f"TFLOP/s ({matmul_dtype}) plus elementwise passes at the memory bandwidth, matrix by matrix"),
     ]
     if scale > 1.0:
         out.append(f"CPU oversubscribed: {cfg.world_size} ranks on {prof.device.get('cores')} cores: durations ×{scale:.2g}, "
@@ -130,14 +158,14 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
             "step": 0, "measured": True, "rank": r, "dp_rank": d, "tp_rank": t,
             "iteration_ms": iter_ms[r], "optimizer_step_ms": step_ms[r],
             **{f"{p}_ms": ph.get(p, 0.0) for p in PHASES},
-            "compute_load": float(metrics.compute[d, t]), "loss": None,
+            "compute_load": float(metrics.compute[d, t]), "loss": None, "param_gather_ms": sim.gather_ms(r),
             "events": tl.rank_events(r) if r in keep else [],
         })
     phases_max = {p: max(row[f"{p}_ms"] for row in rows) for p in PHASES}
     out: dict[str, Any] = {
         "projected": True,
         "profile": prof.describe(),
-        "assumptions": assumptions(cfg, prof, sim.tl.scale, sim.step_scale),
+        "assumptions": assumptions(cfg, prof, sim.scale, sim.step_scale, plan_),
         "iteration_ms": max(iter_ms),
         "optimizer_step_ms": max(step_ms),
         "param_sync_ms": phases_max["param_sync"],

@@ -3,7 +3,8 @@
 - `compare(trial_dir, profile)`: one trial folder (config.yaml, summary.json, steps.jsonl).
 - `compare_sweep(sweep_dir, profile)`: every finished trial under a folder, plus the median
   absolute % error and the worst case per method and overall.
-- CLI: ``python -m canzona.sim.validate DIR [profile=profiles/local.yaml] [--json]``.
+- CLI: ``python -m canzona.sim.validate DIR [profile=profiles/local.yaml] [--json]`` (unknown
+  keys or flags: one line, exit 2).
 
 Measured values are the trial's own aggregates: per measured step the max over ranks, then the
 median over steps (``summary.json``'s ``*_median``; phases from ``steps.jsonl`` the same way).
@@ -27,12 +28,15 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from canzona.config import load_config
+from canzona.errors import ConfigError
+from canzona.overrides import build, split_argv
 from canzona.records import PHASES, read_jsonl
 from canzona.sim.profile import Profile, load_profile
 from canzona.sim.simulate import project
@@ -193,17 +197,34 @@ def _fmt(v: float | None, pct: bool = False) -> str:
     return f"{v:+.0f}%" if pct else f"{v:.1f}"
 
 
+@dataclass
+class ValidateArgs:
+    """The command's ``key=value`` settings."""
+
+    profile: str = "profiles/local.yaml"  # device profile: a name under profiles/ or a YAML path
+
+
+USAGE = "python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [profile=profiles/local.yaml] [--json]"
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    paths = [a for a in argv if "=" not in a and not a.startswith("--")]
-    profile = next((a.split("=", 1)[1] for a in argv if a.startswith("profile=")), "profiles/local.yaml")
-    if len(paths) != 1:
-        print("usage: python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [profile=profiles/local.yaml] [--json]",
-              file=sys.stderr)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(f"usage: {USAGE}\n\nPredicted vs measured for every finished trial under the folder.")
+        return 0
+    try:
+        parts = split_argv(argv, flags=("--json",), positionals=1, usage=USAGE)
+        if not parts.positionals:
+            raise ConfigError(f"missing TRIAL_OR_SWEEP_DIR; usage: {USAGE}")
+        args = build(ValidateArgs, parts.overrides, what="validate")
+        target = Path(parts.positionals[0])
+        if not target.is_dir():
+            raise ConfigError(f"{str(target)!r} is not a folder; usage: {USAGE}")
+        res = compare_sweep(target, args.profile)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    target = Path(paths[0])
-    res = compare_sweep(target, profile)
-    if "--json" in argv:
+    if "--json" in parts.flags:
         print(json.dumps(res, indent=2, default=str))
         return 0
     print(f"profile {res['profile']['name']} ({res['profile']['source']}); {len(res['trials'])} trials")

@@ -1,13 +1,22 @@
-"""Sweeps: expand a grid of trials from ``sweeps/configs/*.yaml``, launch them with submitit
-(local, debug or Slurm), keep resumable records under ``results/<sweep>/<trial_id>/``.
+"""Sweeps: expand a grid of trials from ``sweeps/configs/*.yaml``, run each trial ``repeats``
+times with submitit (local, debug or Slurm) or project it (simulate), keep resumable records
+under ``results/<sweep>/<run>/``.
 
-- `expand`      sweep files, sweep settings, CLI overrides -> validated `Trial` list (pure).
-- `bookkeeping` trial folders: status.json, stdout/stderr tails, what a rerun must run.
-- `launch`      the submitit job callable and the local / debug / slurm backends, sbatch files.
-- `progress`    live progress line and the end-of-sweep summary table.
-- `cli`         ``python sweeps/run.py sweep=NAME [key=value ...]``.
+- `settings`     the sweep settings schema (cluster, rerun, repeats, slurm.*, local.*, sim.*).
+- `keys`         trial keys and values as sweep files and command lines write them.
+- `sweepfile`    the sweep-file YAML grammar.
+- `arguments`    the command line: settings, axis selections, trial values.
+- `expand`       sweep file + command line -> a validated `SweepPlan` (pure).
+- `ids`          trial ids and run folder names.
+- `trials`       `SweepPlan`, `SweepTrial`, `TrialRun` and the interleaved run order.
+- `jobshape`     Slurm job shapes and the layout checks.
+- `lock`         one sweep at a time per results folder.
+- `bookkeeping`  run folders: status.json, stdout/stderr tails, what a rerun must run.
+- `launch`       the submitit job callable and the local / debug / slurm backends.
+- `handles`      a submitted job: done or not, its error in one line.
+- `slurm_state`  Slurm's end state of a job (CANCELLED, TIMEOUT, ...) for the error.
+- `sbatch`       sbatch scripts of a Slurm dry run.
+- `project`      ``cluster=simulate``: projections instead of runs.
+- `progress`     live progress line and the end-of-sweep summary table.
+- `cli`          ``python sweeps/run.py sweep=NAME [key=value ...]``.
 """
-
-from canzona.sweep.expand import Plan, SweepSettings, Trial, build_plan, trial_id
-
-__all__ = ["Plan", "SweepSettings", "Trial", "build_plan", "trial_id"]

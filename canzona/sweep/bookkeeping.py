@@ -1,15 +1,24 @@
-"""Trial folders under ``results/<sweep>/``: what is done, what a rerun must run, the records
+"""Run folders under ``results/<sweep>/``: what is done, what a rerun must run, the records
 the launcher writes (status.json, stdout/stderr tails), all written atomically.
 
 ``results/<sweep>/``
-  ``<trial_id>/``  config.yaml, steps.jsonl, summary.json, trace.json (the trial runner),
-                   status.json, stdout.txt, stderr.txt (the launcher)
-  ``sweep.json``   the last run's manifest: sweep, profile, cluster, settings, trial ids + axes
-  ``submitit/<run>/<job id>/``  submitit's pickles and full per-rank logs
-  ``sbatch/``      sbatch scripts (written by ``cluster=slurm dry_run=true`` only)
+  ``<trial_id>/``     repetition 1 of a trial: config.yaml, steps.jsonl, summary.json,
+                      trace.json (the trial runner), status.json, stdout.txt, stderr.txt (the launcher)
+  ``<trial_id>-r<k>/``  repetition k > 1 (sweep setting ``repeats``), the same files
+  ``sweep.json``      the last sweep's manifest: sweep, profile, cluster, settings, trial ids,
+                      axes and run folders, and the order the runs were launched in
+  ``submitit/<stamp>/<job id>/``  submitit's pickles and full per-rank logs
+  ``submitit/<stamp>/worker/<run>.out|.err``  full logs of the runs of ``local.mode=worker``
+  ``sbatch/``         sbatch scripts (written by ``cluster=slurm dry_run=true`` only)
+  ``.sweep.lock``, ``.sweep.holder.json``  held by the sweep running on this folder (`lock`)
 
-A trial is *done* when its folder holds summary.json and status.json does not say failed
-(a trial run by hand from ``sbatch/`` has no status.json until the next sweep adopts it).
+status.json: ``status`` (running | done | failed), ``error`` (one line), ``job_id``,
+``started``, ``ended``, ``cluster``, ``host``, ``wall_s``, and which run it is: ``trial_id``
+(shared by the repetitions of a trial), ``repeat`` (1-based) and ``repeats``.
+
+A run is *done* when its folder holds summary.json and status.json does not say failed
+(a run made by hand from ``sbatch/`` has no status.json until the next sweep adopts it).
+Every run is resumed on its own: a failed repetition is rerun, its done siblings are kept.
 """
 
 from __future__ import annotations
@@ -97,11 +106,13 @@ def write_status(trial_dir: Path, status: str, **fields: Any) -> dict[str, Any]:
     return rec
 
 
-def adopt(trial_dir: Path) -> None:
-    """Record a trial found complete without a launcher record (e.g. submitted by hand)."""
+def adopt(trial_dir: Path, record: dict[str, Any] | None = None) -> None:
+    """Record a run found complete without a launcher record (e.g. submitted by hand);
+    ``record``: which run it is (`TrialRun.record`)."""
     status = read_status(trial_dir)
     if not status or status.get("status") != "done":
-        write_status(trial_dir, "done", error=None, ended=(status or {}).get("ended") or now(), adopted=True)
+        ended = (status or {}).get("ended") or now()
+        write_status(trial_dir, "done", error=None, ended=ended, adopted=True, **(record or {}))
 
 
 def tail_text(path: Path, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> str:

@@ -1,17 +1,17 @@
 """``python sweeps/run.py sweep=NAME [key=value ...]`` -- expand, launch, resume, summarize.
 
-Exit codes: 0 every trial done; 1 some trial failed (or the report failed); 2 bad arguments or
-config (one line on stderr, nothing written); 130 interrupted (running jobs are cancelled).
+Exit codes: 0 every run done; 1 some run failed (or the report failed); 2 bad arguments or
+config, or the results folder is held by another sweep (one line on stderr, nothing written);
+130 interrupted (running jobs are cancelled).
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import shutil
 import sys
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import TextIO
 
@@ -19,20 +19,18 @@ import yaml
 
 from canzona.errors import ConfigError
 from canzona.records import atomic_write_json, atomic_write_text
-from canzona.sim.profile import load_profile
+from canzona.sim.profile import Profile, load_profile
 from canzona.sweep import bookkeeping as bk
-from canzona.sweep.expand import (
-    CONFIGS_DIR,
-    Plan,
-    SweepError,
-    available_sweeps,
-    build_plan,
-    load_sweep_file,
-    slurm_shape,
-)
-from canzona.sweep.launch import Handle, make_backend, run_stamp, submitit_parameters, write_sbatch_files
-from canzona.sweep.progress import Progress, fmt_duration, summary_table
+from canzona.sweep.expand import build_plan
+from canzona.sweep.handles import RunHandle
+from canzona.sweep.jobshape import JobShape, slurm_shape
+from canzona.sweep.launch import make_backend, run_stamp, submitit_parameters
+from canzona.sweep.lock import ResultsLock
+from canzona.sweep.progress import Progress, fmt_duration, summary_table, table
 from canzona.sweep.project import project_trials, stale_trials
+from canzona.sweep.sbatch import write_sbatch_files
+from canzona.sweep.sweepfile import CONFIGS_DIR, available_sweeps, load_sweep_file
+from canzona.sweep.trials import SweepPlan, TrialRun
 
 USAGE = """\
 usage: python sweeps/run.py sweep=NAME [key=value ...]
@@ -40,12 +38,14 @@ usage: python sweeps/run.py sweep=NAME [key=value ...]
 
 sweep keys:  sweep=NAME|FILE.yaml  profile=local|paper|...  cluster=local|debug|slurm|simulate
              rerun=failed|all|none  dry_run=true  results=DIR  poll_s=1
+             repeats=N  (runs of every trial, interleaved: repetition k > 1 of a trial goes to
+                         <trial_id>-r<k>/; the report pools them)
              sim.profile=h100|h200|a100|local|PATH  sim.workers=0
                (cluster=simulate projects every trial with canzona.sim on that device profile,
                 default h100, into results/<sweep>-<profile>-sim-<device>/; for a measured
                 sweep sim.profile is what the report's predicted-vs-measured section uses,
                 default profiles/local.yaml when it exists)
-             local.max_ranks=4 local.parallel=1 local.mode=tasks|spawn local.timeout_min=20
+             local.max_ranks=4 local.parallel=1 local.mode=worker|spawn|tasks local.timeout_min=20
              slurm.partition= slurm.account= slurm.qos= slurm.time=01:00:00 slurm.constraint=
              slurm.mem= slurm.gpus_per_node= slurm.tasks_per_node= slurm.cpus_per_task=
              slurm.setup='[module load cuda]' slurm.extra_sbatch='[--exclusive]' slurm.array=true
@@ -64,20 +64,33 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
     try:
         if argv and argv[0] == "list":
             if len(argv) > 1:
-                raise SweepError(f"'list' takes no other arguments (got {' '.join(argv[1:])})")
+                raise ConfigError(f"'list' takes no other arguments (got {' '.join(argv[1:])})")
             return list_sweeps(out, configs_dir)
         plan = build_plan(argv, configs_dir)
-        if plan.settings.cluster == "slurm" and not plan.settings.dry_run and shutil.which("sbatch") is None:
-            raise SweepError("cluster=slurm needs sbatch on PATH (run on a login node), or add dry_run=true")
-        if plan.settings.sim.profile or plan.settings.cluster == "simulate":
-            try:  # a missing or invalid device profile: one line, exit 2
-                load_profile(plan.sim_profile)
-            except ConfigError as e:
-                raise SweepError(f"sim.profile={plan.sim_profile}: {e}") from None
+        check_environment(plan)
+        lock = None if plan.settings.dry_run else ResultsLock(plan.results_dir, [sys.argv[0], *argv])
+        if lock is not None:  # a dry run runs nothing and touches no record: no lock
+            lock.acquire()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return run_sweep(plan, out)
+    try:
+        return run_sweep(plan, out)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def check_environment(plan: SweepPlan) -> None:
+    """What the plan needs from this machine: sbatch for Slurm, a readable device profile."""
+    s = plan.settings
+    if s.cluster == "slurm" and not s.dry_run and shutil.which("sbatch") is None:
+        raise ConfigError("cluster=slurm needs sbatch on PATH (run on a login node), or add dry_run=true")
+    if s.sim.profile or s.cluster == "simulate":
+        try:  # a missing or invalid device profile: one line, exit 2
+            load_profile(plan.sim_profile)
+        except ConfigError as e:
+            raise ConfigError(f"sim.profile={plan.sim_profile}: {e}") from None
 
 
 def list_sweeps(out: TextIO, configs_dir: Path = CONFIGS_DIR) -> int:
@@ -92,7 +105,11 @@ def list_sweeps(out: TextIO, configs_dir: Path = CONFIGS_DIR) -> int:
             items = [f"sweep={name}"] + ([f"profile={prof}"] if prof else [])
             try:
                 plan = build_plan(items + ["dry_run=true"], configs_dir)
-                info = f"{len(plan.trials)} trials, cluster={plan.settings.cluster}, axes: {', '.join(plan.axes)}"
+                reps = f" x {plan.repeats} repeats" if plan.repeats > 1 else ""
+                info = (
+                    f"{len(plan.trials)} trials{reps}, cluster={plan.settings.cluster}, "
+                    f"axes: {', '.join(plan.axes)}"
+                )
             except ConfigError as e:
                 info = f"invalid: {e}"
             default = " (default)" if prof is not None and prof == sf.default_profile else ""
@@ -102,52 +119,46 @@ def list_sweeps(out: TextIO, configs_dir: Path = CONFIGS_DIR) -> int:
 
 
 # --------------------------------------------------------------------------- run
-def run_sweep(plan: Plan, out: TextIO) -> int:
+def run_sweep(plan: SweepPlan, out: TextIO) -> int:
     s = plan.settings
     rd = plan.results_dir
-    states = {t.id: bk.trial_state(rd / t.id) for t in plan.trials}
+    runs = plan.runs()
+    states = {r.id: bk.trial_state(rd / r.id) for r in runs}
     sim_prof = load_profile(plan.sim_profile) if s.cluster == "simulate" else None
     restale = []
     if sim_prof is not None:  # projected with another profile content: stale
         restale = stale_trials(plan, sim_prof, states)
-        states.update({tid: bk.STALE for tid in restale})
-    to_run = [t for t in plan.trials if bk.should_run(states[t.id], s.rerun)]
-    skipped = len(plan.trials) - len(to_run)
+        states.update({rid: bk.STALE for rid in restale})
+    to_run = [r for r in runs if bk.should_run(states[r.id], s.rerun)]
+    skipped = len(runs) - len(to_run)
     verb = "to project" if sim_prof is not None else "to run"
+    count = f"{len(plan.trials)} trials" + (f" x {plan.repeats} repeats = {len(runs)} runs" if plan.repeats > 1 else "")
     head = (
         f"sweep {plan.sweep}"
         + (f" profile={plan.profile}" if plan.profile else "")
         + f" cluster={s.cluster}"
         + (f" sim.profile={sim_prof.name} ({sim_prof.source})" if sim_prof is not None else "")
         + ": "
-        f"{len(plan.trials)} trials, {len(to_run)} {verb}, {skipped} skipped (rerun={s.rerun}) -> {rd}/"
+        f"{count}, {len(to_run)} {verb}, {skipped} skipped (rerun={s.rerun}) -> {rd}/"
     )
     if s.dry_run:
-        return dry_run(plan, states, to_run, head, out)
+        return dry_run(plan, runs, states, to_run, head, out)
 
     rd.mkdir(parents=True, exist_ok=True)
-    manifest = {
-        "sweep": plan.sweep,
-        "profile": plan.profile,
-        "description": plan.description,
-        "sweep_file": str(plan.path),
-        "cluster": s.cluster,
-        "started": bk.now(),
-        "settings": _settings_dict(plan),
-        "trials": [{"id": t.id, "axes": t.axes} for t in plan.trials],
-        "ended": None,
-    }
+    manifest = _manifest(plan, runs, sim_prof)
     if sim_prof is not None:
-        manifest.update(projected=True, sim_profile=sim_prof.describe())
         # the profile itself, beside the projections it made (provenance)
         atomic_write_text(rd / "profile.yaml", yaml.safe_dump(sim_prof.raw, sort_keys=False))
     atomic_write_json(rd / "sweep.json", manifest)
-    run_ids = {t.id for t in to_run}
-    for t in plan.trials:
-        if states[t.id] == bk.DONE and t.id not in run_ids:
-            bk.adopt(rd / t.id)
+    run_ids = {r.id for r in to_run}
+    for r in runs:
+        if states[r.id] == bk.DONE and r.id not in run_ids:
+            bk.adopt(rd / r.id, r.record())
     print(head, file=out)
+    if s.cluster == "simulate" and s.repeats > 1:
+        print(f"[sweep] repeats={s.repeats} ignored: a projection is deterministic", file=out)
     if restale:
+        assert sim_prof is not None
         print(
             f"[sweep] {len(restale)} trial(s) were projected with another content of profile {sim_prof.name}: "
             "projecting them again",
@@ -161,77 +172,90 @@ def run_sweep(plan: Plan, out: TextIO) -> int:
         code = _execute(plan, to_run, skipped, out)
     if code == 130:
         return code
-    final = {t.id: bk.trial_state(rd / t.id) for t in plan.trials}
+    final = {r.id: bk.trial_state(rd / r.id) for r in runs}
     manifest.update(
         ended=bk.now(),
         done=sum(v == bk.DONE for v in final.values()),
         failed=sum(v != bk.DONE for v in final.values()),
     )
     atomic_write_json(rd / "sweep.json", manifest)
-    print(summary_table(rd, plan.trials), file=out)
+    print(summary_table(rd, runs), file=out)
     out.flush()
     failed = any(v != bk.DONE for v in final.values())
     report_code = build_report(rd, out, profile=None if sim_prof is not None else plan.sim_profile)
     return max(1 if failed else 0, report_code)
 
 
-def _settings_dict(plan: Plan) -> dict:
-    from dataclasses import asdict
+def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_prof: Profile | None) -> dict:
+    """sweep.json: what this sweep is, its settings and its trials with their run folders."""
+    folders: dict[str, list[str]] = {}
+    for r in runs:
+        folders.setdefault(r.trial.id, []).append(r.id)
+    manifest = {
+        "sweep": plan.sweep,
+        "profile": plan.profile,
+        "description": plan.description,
+        "sweep_file": str(plan.path),
+        "cluster": plan.settings.cluster,
+        "started": bk.now(),
+        "settings": asdict(plan.settings),
+        "repeats": plan.repeats,
+        "trials": [{"id": t.id, "axes": t.axes, "runs": sorted(folders[t.id])} for t in plan.trials],
+        "order": [r.id for r in runs],
+        "ended": None,
+    }
+    if sim_prof is not None:
+        manifest.update(projected=True, sim_profile=sim_prof.describe())
+    return manifest
 
-    return asdict(plan.settings)
 
-
-def _execute(plan: Plan, to_run: list, skipped: int, out: TextIO) -> int:
+def _execute(plan: SweepPlan, to_run: list[TrialRun], skipped: int, out: TextIO) -> int:
     s = plan.settings
     rd = plan.results_dir.resolve()
     if not to_run:
-        print(
-            "[sweep] nothing to run: every trial is already recorded (rerun=all to run them again)", file=out
-        )
+        print("[sweep] nothing to run: every run is already recorded (rerun=all to run them again)", file=out)
         return 0
     log_root = rd / "submitit" / run_stamp()
     backend = make_backend(plan, log_root)
     parallel = s.local.parallel if s.cluster == "local" else (1 if s.cluster == "debug" else len(to_run))
     progress = Progress(len(to_run), skipped=skipped, parallel=parallel, stream=out)
     queue = list(to_run)
-    running: list[Handle] = []
-    submitted: list[Handle] = []
+    running: list[RunHandle] = []
+    submitted: list[RunHandle] = []
     try:
         while queue or running:
             free = backend.capacity - len(running)
             if queue and free > 0:
                 batch, queue = queue[:free], queue[free:]
-                pairs = []
-                for t in batch:
-                    bk.prepare(rd / t.id)
-                    pairs.append((t, rd / t.id))
-                handles, failures = backend.submit(pairs)
+                for r in batch:
+                    bk.prepare(rd / r.id)
+                handles, failures = backend.submit([(r, rd / r.id) for r in batch])
                 for h in handles:
                     bk.write_status(
-                        h.trial_dir,
+                        h.run_dir,
                         "running",
                         error=None,
                         job_id=h.job_id,
                         started=bk.now(),
                         ended=None,
-                        trial_id=h.trial.id,
                         cluster=s.cluster,
                         log_dir=h.log_dir,
+                        **h.run.record(),
                     )
-                    progress.start(h.trial.id)
+                    progress.start(h.run.id)
                     running.append(h)
                     submitted.append(h)
-                for t, err in failures:
+                for r, err in failures:
                     bk.write_status(
-                        rd / t.id,
+                        rd / r.id,
                         "failed",
                         error=err,
                         started=bk.now(),
                         ended=bk.now(),
-                        trial_id=t.id,
                         cluster=s.cluster,
+                        **r.record(),
                     )
-                    progress.finish(t.id, False, f"[sweep] FAILED {t.id}: {err}")
+                    progress.finish(r.id, False, f"[sweep] FAILED {r.id}: {err}")
             finished = [h for h in running if h.done()]
             for h in finished:
                 running.remove(h)
@@ -243,7 +267,7 @@ def _execute(plan: Plan, to_run: list, skipped: int, out: TextIO) -> int:
         for h in running:
             h.cancel()
             bk.write_status(
-                h.trial_dir,
+                h.run_dir,
                 "failed",
                 error="interrupted (sweep stopped by the user; job cancelled)",
                 ended=bk.now(),
@@ -260,56 +284,50 @@ def _execute(plan: Plan, to_run: list, skipped: int, out: TextIO) -> int:
     return 0
 
 
-def _finalize(h: Handle, progress: Progress) -> None:
+def _finalize(h: RunHandle, progress: Progress) -> None:
     err = h.error
-    if err is None and not (h.trial_dir / bk.SUMMARY).is_file():
+    if err is None and not (h.run_dir / bk.SUMMARY).is_file():
         err = "the trial ended without writing summary.json"
     note = "(cluster=debug: the trial's output went to the console)" if h.cluster == "debug" else ""
     try:
         stdout, stderr = h.log_paths()
-        bk.write_tails(h.trial_dir, stdout, stderr, note=note)
+        bk.write_tails(h.run_dir, stdout, stderr, note=note)
     except Exception as e:  # noqa: BLE001 - missing logs must not lose the status
-        bk.write_tails(h.trial_dir, [], [], note=f"logs unavailable: {e}")
+        bk.write_tails(h.run_dir, [], [], note=f"logs unavailable: {e}")
     wall = time.monotonic() - h.t0
-    bk.write_status(
-        h.trial_dir, "failed" if err else "done", error=err, ended=bk.now(), wall_s=round(wall, 2)
-    )
+    bk.write_status(h.run_dir, "failed" if err else "done", error=err, ended=bk.now(), wall_s=round(wall, 2))
+    rid = h.run.id
     if err:
-        progress.finish(h.trial.id, False, f"[sweep] FAILED {h.trial.id} ({fmt_duration(wall)}): {err}")
+        progress.finish(rid, False, f"[sweep] FAILED {rid} ({fmt_duration(wall)}): {err}")
     else:
-        progress.finish(h.trial.id, True, f"[sweep] done {h.trial.id} ({fmt_duration(wall)})")
+        progress.finish(rid, True, f"[sweep] done {rid} ({fmt_duration(wall)})")
 
 
 # --------------------------------------------------------------------------- dry run
-def dry_run(plan: Plan, states: dict[str, str], to_run: list, head: str, out: TextIO) -> int:
+def dry_run(
+    plan: SweepPlan, runs: list[TrialRun], states: dict[str, str], to_run: list[TrialRun], head: str, out: TextIO
+) -> int:
     s = plan.settings
     print(f"[dry run] {head}", file=out)
-    run_ids = {t.id for t in to_run}
+    run_ids = {r.id for r in to_run}
+    header = ["run" if plan.repeats > 1 else "trial", "axes", "ranks", "state", "action"]
     rows = [
-        [
-            t.id,
-            " ".join(f"{k}={v}" for k, v in t.axes.items()),
-            str(t.world_size),
-            states[t.id],
-            "run" if t.id in run_ids else "skip",
-        ]
-        for t in plan.trials
+        [r.id, r.trial.label(), str(r.world_size), states[r.id], "run" if r.id in run_ids else "skip"]
+        for r in runs
     ]
-    from canzona.sweep.progress import _table
-
-    for line in _table(rows, ["trial", "axes", "ranks", "state", "action"]):
+    for line in table(rows, header):
         print(line, file=out)
     if s.cluster != "slurm":
         print("[dry run] nothing was written", file=out)
         return 0
-    shapes: dict = {}
-    for t in to_run:
-        shapes.setdefault(slurm_shape(t.cfg, s.slurm), []).append(t)
+    shapes: dict[JobShape, list[TrialRun]] = {}
+    for r in to_run:
+        shapes.setdefault(slurm_shape(r.cfg, s.slurm), []).append(r)
     name = s.slurm.job_name or f"canzona-{plan.sweep}"
     for shape, members in shapes.items():
         kind = "job array" if s.slurm.array and len(members) > 1 else "job" if len(members) == 1 else "jobs"
         print(
-            f"[dry run] {kind} of {len(members)} trial(s): nodes={shape.nodes} tasks_per_node={shape.tasks_per_node} "
+            f"[dry run] {kind} of {len(members)} run(s): nodes={shape.nodes} tasks_per_node={shape.tasks_per_node} "
             f"gpus_per_node={shape.gpus_per_node} cpus_per_task={shape.cpus_per_task}",
             file=out,
         )
@@ -327,45 +345,20 @@ def dry_run(plan: Plan, states: dict[str, str], to_run: list, head: str, out: Te
 
 # --------------------------------------------------------------------------- report
 def build_report(sweep_dir: Path, out: TextIO, profile: str | None = None) -> int:
-    """Call analysis.report.build_report(sweep_dir) if it exists; its path is the last line.
-    `profile`: the device profile for the report's predicted-vs-measured section (passed when
-    build_report takes a ``profile`` argument; None: the report says how to make one). A failing
-    prediction never fails the report: the section shows the error."""
+    """Build the sweep's report with `analysis.report.build_report`; its path is the last
+    line printed. `profile`: the device profile of its predicted-vs-measured section (None: the
+    report says how to make one). A failing report never loses results: it is shown, and the
+    exit code says so (1)."""
     try:
-        mod = importlib.import_module("analysis.report")
-    except ModuleNotFoundError as e:
-        if e.name in ("analysis", "analysis.report"):
-            print("[sweep] no report: analysis.report is not available yet", file=out)
-            return 0
-        traceback.print_exc()
-        print(
-            f"[sweep] report FAILED: importing analysis.report raised {e!r} (results are intact in {sweep_dir}/)",
-            file=sys.stderr,
-        )
-        return 1
-    except Exception as e:  # noqa: BLE001 - show it, keep the results
-        traceback.print_exc()
-        print(
-            f"[sweep] report FAILED: importing analysis.report raised {e!r} (results are intact in {sweep_dir}/)",
-            file=sys.stderr,
-        )
-        return 1
-    build = getattr(mod, "build_report", None)
-    if not callable(build):
-        print("[sweep] no report: analysis.report has no build_report(sweep_dir)", file=out)
-        return 0
-    try:
-        takes_profile = "profile" in inspect.signature(build).parameters
-    except (TypeError, ValueError):
-        takes_profile = False
-    try:
-        path = build(Path(sweep_dir), profile=profile) if takes_profile else build(Path(sweep_dir))
+        from analysis.report import build_report as report  # pandas, seaborn: imported when used
+
+        path = report(Path(sweep_dir), profile=profile)
     except Exception as e:  # noqa: BLE001 - show it, keep the results
         out.flush()
         traceback.print_exc()
         print(
-            f"[sweep] report FAILED: build_report({sweep_dir}) raised {type(e).__name__}: {e} "
-            f"(results are intact; retry with analysis.report once fixed)",
+            f"[sweep] report FAILED: {type(e).__name__}: {e} (results are intact in {sweep_dir}/; "
+            f"retry with python -m analysis.report {sweep_dir} once fixed)",
             file=sys.stderr,
         )
         return 1

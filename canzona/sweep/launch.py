@@ -1,6 +1,13 @@
-"""Launching trials with submitit: the job callable, one backend per cluster, sbatch files.
+"""Launching runs: one backend per cluster, and the submitit job callable.
 
-- ``cluster=local``  `submitit.LocalExecutor`, one job per trial. ``local.mode=spawn`` (default):
+Every run (one repetition of a trial, `canzona.sweep.trials.TrialRun`) is one job; a backend
+submits runs and returns a `canzona.sweep.handles.RunHandle` per job.
+
+- ``cluster=local``  ``local.mode=worker`` (default): `canzona.sweep.worker` -- long-lived
+  worker processes, each running `canzona.trial.launch.run_trial` for one run after another, so
+  that torch, megatron-core and the ranks' forkserver start once per sweep, not once per run
+  (seconds a run; most of a local sweep with repeats). The other modes are
+  `submitit.LocalExecutor`, one job per run. ``local.mode=spawn``:
   the job's one task calls `canzona.run.run_trial`, which forks the dp x tp ranks from a
   forkserver that imports torch and megatron-core once, and kills the other ranks as soon as one
   fails; the task kills any rank left on interrupt or timeout. ``local.mode=tasks``:
@@ -12,16 +19,13 @@
 - ``cluster=slurm``  `submitit.AutoExecutor(cluster="slurm")`: nodes x tasks_per_node ranks per
   job, rendezvous from Slurm's environment; trials with the same job shape go out as one job
   array. The callable is checkpointable, so a preempted job is requeued (a timed-out one is not).
+  A job Slurm ends (scancel, time limit, node failure, OOM) is recorded with Slurm's state.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shlex
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,20 +35,15 @@ from typing import Any
 import submitit
 
 from canzona.net import free_port
-from canzona.sweep.expand import (
-    REPO,
-    JobShape,
-    Plan,
-    SweepSettings,
-    Trial,
-    config_overrides,
-    slurm_shape,
-    time_minutes,
-)
+from canzona.sweep.handles import JobHandle, RunHandle, traceback_line
+from canzona.sweep.jobshape import JobShape, slurm_shape
+from canzona.sweep.procs import kill_descendants
+from canzona.sweep.settings import SweepSettings, time_minutes
+from canzona.sweep.slurm_state import SlurmStates
+from canzona.sweep.trials import SweepPlan, TrialRun
+from canzona.sweep.worker import Worker
 
-TEMPLATE_DIR = REPO / "slurm" / "templates"
-# Messages that are usually the consequence of another rank failing, not the cause.
-_COLLATERAL = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl", "timed out", "socket")
+Submitted = tuple[list[RunHandle], list[tuple[TrialRun, str]]]  # handles, (run, error) refused
 
 
 class TrialTask(submitit.helpers.Checkpointable):
@@ -93,138 +92,9 @@ class TrialTask(submitit.helpers.Checkpointable):
         return {"rank": 0, "world_size": cfg.world_size}
 
 
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
-def kill_descendants(pid: int) -> list[int]:
-    """SIGKILL every descendant of ``pid`` (Linux /proc); returns their pids."""
-    if not os.path.isdir("/proc"):
-        return []
-    tree = _children()
-    found, stack = [], list(tree.get(pid, []))
-    while stack:
-        p = stack.pop()
-        found.append(p)
-        stack.extend(tree.get(p, []))
-    for p in found:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
-    return found
-
-
-# --------------------------------------------------------------------------- job handles
-def headline(exc: BaseException) -> str:
-    """One line from a job's error: the exception line ending its traceback if it carries one
-    (submitit's FailedJobError wraps the job's trace and appends log paths), else its first line."""
-    text = str(exc)
-    traced = "with trace:" in text
-    body = text.split("with trace:", 1)[1].split("You can check full logs", 1)[0] if traced else text
-    lines = [ln.strip() for ln in body.splitlines() if ln.strip() and set(ln.strip()) - {"-", "="}]
-    if not lines:
-        return type(exc).__name__
-    if traced:
-        for ln in reversed(lines):
-            if _EXC_LINE.match(ln):
-                return ln[:400]
-        return lines[-1][:400]
-    first = lines[0][:400]
-    return first if first.startswith(type(exc).__name__) else f"{type(exc).__name__}: {first}"
-
-
-_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Exited|Failure)\b")
-
-
-def job_error(job: submitit.Job) -> str | None:
-    """None if every task succeeded, else 'rank k: <error>' per failing rank, likely cause first."""
-    n = job.num_tasks
-    subs = [job.task(k) for k in range(n)] if n > 1 else [job]
-    found: dict[str, list[int]] = {}
-    for k, sub in enumerate(subs):
-        try:
-            exc = sub.exception()
-        except Exception as e:  # noqa: BLE001 - reading the outcome itself failed
-            exc = e
-        if exc is not None:
-            found.setdefault(headline(exc), []).append(k)
-    if not found:
-        return None
-    items = sorted(found.items(), key=lambda kv: (any(c in kv[0].lower() for c in _COLLATERAL), kv[1][0]))
-    parts = []
-    for msg, ranks in items:
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
-        parts.append(f"{who}: {msg}" if n > 1 else msg)
-    return "; ".join(parts)[:2000]
-
-
-@dataclass
-class Handle:
-    trial: Trial
-    job: Any
-    trial_dir: Path
-    cluster: str
-    t0: float = field(default_factory=time.monotonic)
-    _error: str | None = None
-    _finished: bool = False
-
-    @property
-    def job_id(self) -> str:
-        return str(self.job.job_id)
-
-    @property
-    def log_dir(self) -> str:
-        return str(self.job.paths.folder)
-
-    def done(self) -> bool:
-        if self._finished:
-            return True
-        if self.cluster == "debug":
-            exc = self.job.exception()  # runs the trial here; exception() never enters pdb
-            self._error = None if exc is None else headline(exc)
-            self._finished = True
-            return True
-        if not self.job.done():
-            return False
-        self._error = job_error(self.job)
-        self._finished = True
-        return True
-
-    @property
-    def error(self) -> str | None:
-        return self._error
-
-    def log_paths(self) -> tuple[list[Path], list[Path]]:
-        n = self.job.num_tasks
-        subs = [self.job.task(k) for k in range(n)] if n > 1 else [self.job]
-        return [s.paths.stdout for s in subs], [s.paths.stderr for s in subs]
-
-    def cancel(self) -> None:
-        if self.cluster == "debug":
-            return
-        try:
-            self.job.cancel(check=False)
-        except Exception:  # noqa: BLE001 - best effort on interrupt
-            pass
-
-
-
-
-def task_config(trial: Trial, trial_dir: Path) -> dict[str, Any]:
-    d = trial.cfg.to_dict()
-    d["out"] = str(trial_dir)
+def task_config(run: TrialRun, run_dir: Path) -> dict[str, Any]:
+    d = run.cfg.to_dict()
+    d["out"] = str(run_dir)
     return d
 
 
@@ -232,53 +102,53 @@ class Backend:
     capacity: int = 1 << 30
     cluster = ""
 
-    def __init__(self, plan: Plan, log_root: Path) -> None:
+    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
         self.plan = plan
         self.settings: SweepSettings = plan.settings
         self.log_root = log_root
 
-    def submit(self, trials: list[tuple[Trial, Path]]) -> tuple[list[Handle], list[tuple[Trial, str]]]:
+    def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
         raise NotImplementedError
 
-    def close(self, handles: list[Handle]) -> None:
+    def close(self, handles: list[RunHandle]) -> None:
         pass
 
 
 class LocalBackend(Backend):
     cluster = "local"
 
-    def __init__(self, plan: Plan, log_root: Path) -> None:
+    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
         super().__init__(plan, log_root)
         self.capacity = plan.settings.local.parallel
 
-    def submit(self, trials: list[tuple[Trial, Path]]) -> tuple[list[Handle], list[tuple[Trial, str]]]:
+    def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
         loc = self.settings.local
         handles, failed = [], []
-        for trial, tdir in trials:
+        for run, rdir in runs:
             mode = "rank" if loc.mode == "tasks" else "spawn"
             ex = submitit.LocalExecutor(folder=self.log_root / "%j", max_num_timeout=0)
             ex.update_parameters(
                 nodes=1,
-                tasks_per_node=trial.world_size if mode == "rank" else 1,
+                tasks_per_node=run.world_size if mode == "rank" else 1,
                 timeout_min=loc.timeout_min,
                 signal_delay_s=5,
             )
             saved = os.environ.get("MASTER_PORT")
             os.environ["MASTER_PORT"] = str(free_port())  # the job inherits this environment
             try:
-                job = ex.submit(TrialTask(task_config(trial, tdir), str(tdir), mode))
+                job = ex.submit(TrialTask(task_config(run, rdir), str(rdir), mode))
             except Exception as e:  # noqa: BLE001 - record and go on
-                failed.append((trial, f"submission failed: {type(e).__name__}: {e}"))
+                failed.append((run, f"submission failed: {type(e).__name__}: {e}"))
                 continue
             finally:
                 if saved is None:
                     os.environ.pop("MASTER_PORT", None)
                 else:
                     os.environ["MASTER_PORT"] = saved
-            handles.append(Handle(trial, job, tdir, self.cluster))
+            handles.append(JobHandle(run, job, rdir, self.cluster))
         return handles, failed
 
-    def close(self, handles: list[Handle]) -> None:
+    def close(self, handles: list[JobHandle]) -> None:
         # submitit's local controller also creates the folder pattern itself, literally "%j"
         try:
             (self.log_root / "%j").rmdir()
@@ -286,16 +156,109 @@ class LocalBackend(Backend):
             pass
 
 
+@dataclass
+class WorkerRunHandle:
+    """A run handed to a `Worker` (``local.mode=worker``); the worker is the backend's again
+    once the run succeeds, and is killed -- with its forkserver and any rank left -- otherwise."""
+
+    run: TrialRun
+    run_dir: Path
+    backend: WorkerBackend
+    worker: Worker
+    job_id: str
+    stdout: Path
+    stderr: Path
+    timeout_s: float
+    cluster: str = "local"
+    t0: float = field(default_factory=time.monotonic)
+    error: str | None = None
+    _finished: bool = False
+
+    @property
+    def log_dir(self) -> str:
+        return str(self.stdout.parent)
+
+    def done(self) -> bool:
+        if self._finished:
+            return True
+        finished, text = self.worker.result()
+        if not finished and time.monotonic() - self.t0 > self.timeout_s:
+            finished, text = True, f"TimeoutError: the run took more than local.timeout_min={self.timeout_s / 60:g}"
+        if finished:
+            self.error = None if text is None else traceback_line(text)
+            self.backend.release(self.worker, reuse=text is None)
+            self._finished = True
+        return self._finished
+
+    def log_paths(self) -> tuple[list[Path], list[Path]]:
+        return [self.stdout], [self.stderr]
+
+    def cancel(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self.backend.release(self.worker, reuse=False)
+
+
+class WorkerBackend(Backend):
+    """``local.mode=worker``: up to ``local.parallel`` long-lived `Worker` processes, each
+    running one run at a time (see `canzona.sweep.worker` for why)."""
+
+    cluster = "local"
+
+    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
+        super().__init__(plan, log_root)
+        self.capacity = plan.settings.local.parallel
+        self._idle: list[Worker] = []
+        self._all: list[Worker] = []
+
+    def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
+        logs = self.log_root / "worker"
+        logs.mkdir(parents=True, exist_ok=True)
+        handles: list[RunHandle] = []
+        failed = []
+        for run, rdir in runs:
+            out, err = logs / f"{run.id}.out", logs / f"{run.id}.err"
+            try:
+                worker = self._idle.pop() if self._idle else self._new()
+                job_id = worker.start(task_config(run, rdir), rdir, out, err)
+            except Exception as e:  # noqa: BLE001 - record and go on
+                failed.append((run, f"submission failed: {type(e).__name__}: {e}"))
+                continue
+            timeout_s = self.settings.local.timeout_min * 60
+            handles.append(WorkerRunHandle(run, rdir, self, worker, job_id, out, err, timeout_s))
+        return handles, failed
+
+    def _new(self) -> Worker:
+        w = Worker()
+        self._all.append(w)
+        return w
+
+    def release(self, worker: Worker, reuse: bool) -> None:
+        if reuse and worker.alive():
+            self._idle.append(worker)
+        else:
+            worker.kill()
+
+    def close(self, handles: list[RunHandle]) -> None:
+        for h in handles:
+            h.cancel()
+        for w in self._all:
+            if w in self._idle:
+                w.close()
+            elif w.alive():
+                w.kill()
+
+
 class DebugBackend(Backend):
     cluster = "debug"
     capacity = 1
 
-    def submit(self, trials: list[tuple[Trial, Path]]) -> tuple[list[Handle], list[tuple[Trial, str]]]:
+    def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
         handles = []
-        for trial, tdir in trials:
+        for run, rdir in runs:
             ex = submitit.DebugExecutor(folder=self.log_root / "debug")
-            job = ex.submit(TrialTask(task_config(trial, tdir), str(tdir), "inproc"))
-            handles.append(Handle(trial, job, tdir, self.cluster))
+            job = ex.submit(TrialTask(task_config(run, rdir), str(rdir), "inproc"))
+            handles.append(JobHandle(run, job, rdir, self.cluster))
         return handles, []
 
 
@@ -339,6 +302,11 @@ def submitit_parameters(settings: SweepSettings, shape: JobShape, name: str) -> 
 class SlurmBackend(Backend):
     cluster = "slurm"
 
+    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
+        super().__init__(plan, log_root)
+        # Slurm's view of our jobs, for those that end without a result (scancel, time limit)
+        self.states = SlurmStates(interval_s=max(5.0, plan.settings.poll_s))
+
     def job_name(self) -> str:
         return self.settings.slurm.job_name or f"canzona-{self.plan.sweep}"
 
@@ -350,10 +318,10 @@ class SlurmBackend(Backend):
         ex.update_parameters(**submitit_parameters(self.settings, shape, self.job_name()))
         return ex
 
-    def submit(self, trials: list[tuple[Trial, Path]]) -> tuple[list[Handle], list[tuple[Trial, str]]]:
-        groups: dict[JobShape, list[tuple[Trial, Path]]] = {}
-        for trial, tdir in trials:
-            groups.setdefault(slurm_shape(trial.cfg, self.settings.slurm), []).append((trial, tdir))
+    def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
+        groups: dict[JobShape, list[tuple[TrialRun, Path]]] = {}
+        for run, rdir in runs:
+            groups.setdefault(slurm_shape(run.cfg, self.settings.slurm), []).append((run, rdir))
         handles, failed = [], []
         for shape, members in groups.items():
             try:
@@ -368,10 +336,10 @@ class SlurmBackend(Backend):
                 msg = f"submission failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
                 failed += [(t, msg) for t, _ in members]
                 continue
-            handles += [Handle(t, j, d, self.cluster) for (t, d), j in zip(members, jobs)]
+            handles += [JobHandle(r, j, d, self.cluster, self.states) for (r, d), j in zip(members, jobs)]
         return handles, failed
 
-    def close(self, handles: list[Handle], timeout_s: float = 60.0) -> None:
+    def close(self, handles: list[JobHandle], timeout_s: float = 60.0) -> None:
         """submitit can report a job done before its step has left Slurm: wait for squeue to
         drop our jobs, then scancel what is left, so no job step outlives the sweep."""
         ids = {h.job_id for h in handles}
@@ -397,68 +365,12 @@ def _in_squeue(ids: set[str]) -> set[str]:
     return {i for i in ids if i in listed}
 
 
-def make_backend(plan: Plan, log_root: Path) -> Backend:
-    return {"local": LocalBackend, "debug": DebugBackend, "slurm": SlurmBackend}[plan.settings.cluster](
-        plan, log_root
-    )
+def make_backend(plan: SweepPlan, log_root: Path) -> Backend:
+    s = plan.settings
+    if s.cluster == "local" and s.local.mode == "worker":
+        return WorkerBackend(plan, log_root)
+    return {"local": LocalBackend, "debug": DebugBackend, "slurm": SlurmBackend}[s.cluster](plan, log_root)
 
 
 def run_stamp() -> str:
     return datetime.now().strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
-
-
-# --------------------------------------------------------------------------- sbatch files
-def render_sbatch(plan: Plan, trial: Trial, trial_dir: Path, sbatch_dir: Path) -> str:
-    import jinja2
-
-    s = plan.settings.slurm
-    shape = slurm_shape(trial.cfg, s)
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-    )
-    name = f"{s.job_name or 'canzona-' + plan.sweep}-{trial.id}"
-    return env.get_template("sbatch.sh.j2").render(
-        job_name=name,
-        nodes=shape.nodes,
-        ntasks_per_node=shape.tasks_per_node,
-        cpus_per_task=shape.cpus_per_task,
-        time=s.time,
-        output=str(sbatch_dir / f"{trial.id}-%j.out"),
-        error=str(sbatch_dir / f"{trial.id}-%j.err"),
-        partition=s.partition,
-        account=s.account,
-        qos=s.qos,
-        constraint=s.constraint,
-        mem=s.mem,
-        gpus_per_node=shape.gpus_per_node or None,
-        chdir=str(Path.cwd()),
-        extra_sbatch=list(s.extra_sbatch),
-        setup=list(s.setup),
-        python=shlex.quote(s.python or sys.executable),
-        overrides=[shlex.quote(o) for o in config_overrides(trial.cfg)],
-        out=shlex.quote(str(trial_dir)),
-    )
-
-
-def write_sbatch_files(plan: Plan, trials: list[Trial]) -> Path:
-    """results/<sweep>/sbatch/<trial_id>.sh for each trial + submit_all.sh; old *.sh removed."""
-    from canzona.records import atomic_write_text
-
-    rd = plan.results_dir.resolve()
-    sbatch_dir = rd / "sbatch"
-    sbatch_dir.mkdir(parents=True, exist_ok=True)
-    for old in sbatch_dir.glob("*.sh"):
-        old.unlink()
-    for t in trials:
-        atomic_write_text(sbatch_dir / f"{t.id}.sh", render_sbatch(plan, t, rd / t.id, sbatch_dir))
-    lines = [
-        "#!/bin/bash",
-        "# Submit every trial of this dry run by hand: bash submit_all.sh",
-        "set -e",
-        'cd "$(dirname "$0")"',
-    ]
-    lines += [f"sbatch {t.id}.sh" for t in trials]
-    atomic_write_text(sbatch_dir / "submit_all.sh", "\n".join(lines) + "\n")
-    return sbatch_dir

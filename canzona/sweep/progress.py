@@ -143,7 +143,7 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else (f"{v:.1f}" if v < 1000 else f"{v:.0f}")
 
 
-def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+def table(rows: list[list[str]], header: list[str]) -> list[str]:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
     out.append("  ".join("-" * w for w in widths))
@@ -151,10 +151,11 @@ def _table(rows: list[list[str]], header: list[str]) -> list[str]:
     return out
 
 
-def summary_table(results_dir: Path, trials: list[Any], max_rows: int = 24, width: int = 110) -> str:
-    """One screen: a row per trial (or per method x optimizer when there are many), failures last."""
+def summary_table(results_dir: Path, runs: list[Any], max_rows: int = 24, width: int = 110) -> str:
+    """One screen: a row per run (or per method x optimizer when there are many), failures last.
+    ``runs``: anything with ``id`` (the folder) and ``cfg`` (`canzona.sweep.trials.TrialRun`)."""
     recs = []
-    for t in trials:
+    for t in runs:
         d = Path(results_dir) / t.id
         st = read_status(d) or {}
         summ = load_summary(d)
@@ -179,7 +180,7 @@ def summary_table(results_dir: Path, trials: list[Any], max_rows: int = 24, widt
             ]
             for t, status, s, _ in recs
         ]
-        lines += _table(rows, header)
+        lines += table(rows, header)
     else:
         groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
         for r in recs:
@@ -198,8 +199,8 @@ def summary_table(results_dir: Path, trials: list[Any], max_rows: int = 24, widt
                     _ms(statistics.median(opt_ms) if opt_ms else None),
                 ]
             )
-        lines += _table(
-            rows, ["method/optimizer", "trials", "done", "failed", "median iter ms", "median opt ms"]
+        lines += table(
+            rows, ["method/optimizer", "runs", "done", "failed", "median iter ms", "median opt ms"]
         )
     failures = [(t, st) for t, status, _, st in recs if status == "failed"]
     if failures:

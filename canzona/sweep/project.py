@@ -24,8 +24,8 @@ from typing import Any, TextIO
 
 from canzona.sim.profile import Profile
 from canzona.sweep import bookkeeping as bk
-from canzona.sweep.expand import Plan, Trial
 from canzona.sweep.progress import Progress, fmt_duration
+from canzona.sweep.trials import SweepPlan, TrialRun
 
 _PROFILE: Profile | None = None  # the worker's profile (set once per process)
 
@@ -57,10 +57,10 @@ def _project_one(config: dict[str, Any], out: str) -> dict[str, Any]:
         }
 
 
-def stale_trials(plan: Plan, profile: Profile, states: dict[str, str]) -> list[str]:
-    """Trials recorded done whose projection came from another profile content."""
+def stale_trials(plan: SweepPlan, profile: Profile, states: dict[str, str]) -> list[str]:
+    """Runs recorded done whose projection came from another profile content."""
     out = []
-    for t in plan.trials:
+    for t in plan.runs():
         if states.get(t.id) != bk.DONE:
             continue
         summary = bk.load_summary(plan.results_dir / t.id) or {}
@@ -72,7 +72,7 @@ def stale_trials(plan: Plan, profile: Profile, states: dict[str, str]) -> list[s
     return out
 
 
-def _workers(plan: Plan, n: int) -> int:
+def _workers(plan: SweepPlan, n: int) -> int:
     w = plan.settings.sim.workers or (os.cpu_count() or 1)
     return max(1, min(w, n))
 
@@ -82,7 +82,7 @@ def _context() -> mp.context.BaseContext:
     return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
-def project_trials(plan: Plan, to_run: list[Trial], skipped: int, profile: Profile, out: TextIO) -> int:
+def project_trials(plan: SweepPlan, to_run: list[TrialRun], skipped: int, profile: Profile, out: TextIO) -> int:
     """Project `to_run` into the sweep folder; 0, or 130 if interrupted."""
     rd = plan.results_dir.resolve()
     if not to_run:
@@ -105,15 +105,15 @@ def project_trials(plan: Plan, to_run: list[Trial], skipped: int, profile: Profi
     }
     t0: dict[str, float] = {}
 
-    def started(t: Trial) -> None:
+    def started(t: TrialRun) -> None:
         bk.prepare(rd / t.id)
         bk.write_status(
-            rd / t.id, "running", error=None, job_id=None, started=bk.now(), ended=None, trial_id=t.id, **base
+            rd / t.id, "running", error=None, job_id=None, started=bk.now(), ended=None, **t.record(), **base
         )
         t0[t.id] = time.monotonic()
         progress.start(t.id)
 
-    def finished(t: Trial, res: dict[str, Any]) -> None:
+    def finished(t: TrialRun, res: dict[str, Any]) -> None:
         err = res.get("error")
         if err is None and not (rd / t.id / bk.SUMMARY).is_file():
             err = "the projection ended without writing summary.json"
@@ -126,7 +126,7 @@ def project_trials(plan: Plan, to_run: list[Trial], skipped: int, profile: Profi
         else:
             progress.finish(t.id, True, None)
 
-    running: dict[Future, Trial] = {}
+    running: dict[Future, TrialRun] = {}
     try:
         if workers == 1:
             _init(profile)

@@ -29,18 +29,22 @@ def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
     from canzona import dist_rules
     from canzona.plan.methods import make_plan
 
-    make_plan(cfg)  # invalid layouts fail here, before any process starts
+    plan = make_plan(cfg)  # invalid layouts fail here, before any process starts
     out.mkdir(parents=True, exist_ok=True)
     world = cfg.world_size
-    # forkserver: the server imports torch and megatron-core once (seconds), every rank of this
-    # and later trials in the same process forks from it instead of importing them again. The
-    # server keeps the environment it started with, so what a rank needs travels as arguments.
-    mp.set_forkserver_preload(["canzona.executor.optimizer", "canzona.model.qwen3"])
+    # CPU: forkserver -- the server imports torch and megatron-core once (seconds), every rank of
+    # this and later trials in the same process forks from it instead of importing them again.
+    # The server keeps the environment it started with, so what a rank needs travels as
+    # arguments. CUDA: spawn, because a process that has touched CUDA (here: importing
+    # megatron-core on a GPU machine, or timing the cost calibration) cannot fork children that
+    # use it ("Cannot re-initialize CUDA in forked subprocess", seen on an H200).
+    start_method = "spawn" if plan.execution.device == "cuda" else "forkserver"
+    mp.set_forkserver_preload(["canzona.executor.runtime", "canzona.model.qwen3"])
     _forkserver_imports_this_checkout()
     rules = os.environ.get(dist_rules.ENV, "")
     ctx = mp.start_processes(
         _spawned_rank, args=(cfg.to_dict(), str(out), free_port(), world, rules), nprocs=world, join=False,
-        start_method="forkserver",
+        start_method=start_method,
     )
     while not ctx.join():  # raises ProcessRaisedException / ProcessExitedException, killing the rest
         pass

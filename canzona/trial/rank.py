@@ -41,6 +41,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
     from canzona.plan.methods import make_plan
     from canzona.program.count import count_programs
     from canzona.program.lower import lower
+    from canzona.trial.costs import shared_cost_model
     from canzona.trial.output import atomic_torch_save, write_records
     from canzona.trial.summary import peak_memory_mb, program_check, summarise
 
@@ -50,7 +51,9 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
     kind = device_kind(cfg)
     ctx = init_parallel(cfg.parallel.tp, kind, cfg.dist.timeout_s)
     try:
-        plan = make_plan(cfg, device=kind)
+        # rank 0's costs on every rank (its calibration, broadcast): every rank plans alike
+        costs = shared_cost_model(cfg, kind, ctx.rank, torch.get_num_threads())
+        plan = make_plan(cfg, device=kind, cost_model=costs)
         programs = lower(plan)
         metrics = count_programs(plan, programs)
         dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
@@ -92,20 +95,15 @@ def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> lis
     import torch.distributed as dist
 
     from canzona.executor.timing import StepTimer
-    from canzona.model.data import synthetic_batch
 
-    mcfg = cfg.model_cfg()
     timer = StepTimer(ctx.device)
     rows: list[dict[str, Any]] = []
     for step in range(cfg.train.warmup + cfg.train.steps):
-        tokens, labels = synthetic_batch(
-            mcfg, cfg.train.micro_batch, cfg.train.seq_len, cfg.train.seed, step, ctx.dp_rank, ctx.dp
-        )
-        tokens, labels = tokens.to(ctx.device), labels.to(ctx.device)
+        batches = [tuple(t.to(ctx.device) for t in b) for b in step_batches(cfg, step, ctx.dp_rank, ctx.dp)]
         if cfg.train.fail_on_rank == ctx.rank and step == cfg.train.fail_at_step:
             raise RuntimeError(f"injected failure on rank {ctx.rank} at step {step} (train.fail_on_rank)")
         timer.reset()
-        loss = runtime.iteration(tokens, labels, timer)
+        loss = runtime.iteration(batches, timer)
         timer.mark("end")
         timer.finish()
         global_loss = loss.detach().float()
@@ -116,8 +114,20 @@ def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> lis
             "optimizer_step_ms": timer.between("step_start", "step_end"),
             "compute_load": planned, "loss": float(global_loss) / ctx.dp,
             **{f"{p}_ms": timer.ms.get(p, 0.0) for p in PHASES},
+            "param_gather_ms": runtime.param_gather_ms,
             "comm_bytes": runtime.bytes_by_tag(),
             "events": timer.events,
         })
     runtime.finish(timer)
     return rows
+
+
+def step_batches(cfg: TrialConfig, step: int, dp_rank: int, dp: int) -> list[tuple[Any, Any]]:
+    """The (tokens, labels) of each of the ``train.grad_accum`` micro-batches DP rank ``dp_rank``
+    runs at ``step``, on the CPU: micro-batch m of DP rank d is sample block d·k + m of the
+    global batch (k = ``train.grad_accum``)."""
+    from canzona.model.data import synthetic_batch
+
+    k = cfg.train.grad_accum
+    return [synthetic_batch(cfg.model_cfg(), cfg.train.micro_batch, cfg.train.seq_len, cfg.train.seed, step,
+                            dp_rank * k + m, dp * k) for m in range(k)]

@@ -96,9 +96,9 @@ def test_local_sweep_report_predicts_with_a_quick_calibration(tmp_path: Path) ->
             assert cell["data-value"] == ""
         else:
             assert float(cell["data-value"]) == pytest.approx(v, rel=1e-9)
-    # rebuilt by hand with --profile: the same section
-    r = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "results" / "two"), "--out",
-                        str(tmp_path / "again"), "--profile", str(prof)], capture_output=True, text=True, timeout=600,
+    # rebuilt by hand with profile=: the same section
+    r = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "results" / "two"),
+                        f"out={tmp_path / 'again'}", f"profile={prof}"], capture_output=True, text=True, timeout=600,
                        cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     again = Page((tmp_path / "again" / "index.html").read_text())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -150,3 +151,150 @@ def test_local_sweep_records_resumes_and_survives_a_failing_trial(tmp_path):
     assert (
         status(d)["status"] == "done" and status(d)["cluster"] == "debug" and (d / "summary.json").is_file()
     )
+
+
+PAIR = """
+    description: two methods at one point
+    fixed:
+      model.name: qwen3-0.6b
+      model.width_div: 16
+      model.num_layers: 1
+      dist.device: cpu
+      dist.threads_per_rank: 1
+      dist.timeout_s: 60
+      train.steps: 2
+      train.warmup: 0
+      train.micro_batch: 1
+      train.seq_len: 16
+      parallel.dp: 2
+    grid:
+      method: [canzona, sync]
+    sweep:
+      cluster: local
+      local: {timeout_min: 5}
+"""
+
+
+def pair_sweep(tmp_path: Path, *args: str, timeout: float = 420) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(RUN), f"sweep={tmp_path / 'pair.yaml'}", f"results={tmp_path / 'results'}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+
+
+@pytest.mark.slow
+def test_repeats_run_interleaved_and_resume_per_repetition(tmp_path):
+    (tmp_path / "pair.yaml").write_text(textwrap.dedent(PAIR))
+    r = pair_sweep(tmp_path, "repeats=2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 trials x 2 repeats = 4 runs, 4 to run" in r.stdout
+    root = tmp_path / "results" / "pair"
+    dirs = trial_dirs(root)
+    assert len(dirs) == 4
+    by_trial: dict[str, list[int]] = {}
+    for name, d in dirs.items():
+        st = status(d)
+        assert st["status"] == "done" and st["repeats"] == 2, st
+        assert name == (st["trial_id"] if st["repeat"] == 1 else f"{st['trial_id']}-r{st['repeat']}")
+        by_trial.setdefault(st["trial_id"], []).append(st["repeat"])
+    assert sorted(map(sorted, by_trial.values())) == [[1, 2], [1, 2]]
+    # launched in the manifest's order: both methods once, then both again, the other one first
+    order = json.loads((root / "sweep.json").read_text())["order"]
+    assert sorted(order, key=lambda n: status(dirs[n])["started"]) == order
+    first = [status(dirs[n])["trial_id"] for n in order]
+    assert first[0] != first[2] and set(first[:2]) == set(first[2:]) and len(set(first[:2])) == 2
+    # the report pools the two repetitions of each method and pairs them
+    speedups = (root / "report" / "speedups.csv").read_text().splitlines()
+    header = speedups[0].split(",")
+    rows = [dict(zip(header, line.split(","))) for line in speedups[1:]]
+    vs_sync = [x for x in rows if x["baseline"] == "sync"]
+    assert vs_sync and all(x["paired"] == "True" and x["n_trials_canzona"] == "2" for x in vs_sync)
+
+    # a failed repetition is rerun alone; raising repeats runs only the new repetitions
+    victim = order[1]
+    bk_status = status(dirs[victim])
+    (dirs[victim] / "status.json").write_text(json.dumps({**bk_status, "status": "failed", "error": "x"}))
+    before = {n: status(d)["started"] for n, d in dirs.items() if n != victim}
+    r = pair_sweep(tmp_path, "repeats=2")
+    assert r.returncode == 0 and "4 runs, 1 to run, 3 skipped" in r.stdout, r.stdout + r.stderr
+    assert {n: status(d)["started"] for n, d in dirs.items() if n != victim} == before
+    r = pair_sweep(tmp_path, "repeats=3")
+    assert r.returncode == 0 and "2 trials x 3 repeats = 6 runs, 2 to run, 4 skipped" in r.stdout, r.stdout
+    assert sum(n.endswith("-r3") for n in trial_dirs(root)) == 2
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_second_sweep_on_the_same_results_exits_2_naming_the_first(tmp_path):
+    (tmp_path / "pair.yaml").write_text(textwrap.dedent(PAIR))
+    root = tmp_path / "results" / "pair"
+    cmd = [sys.executable, str(RUN), f"sweep={tmp_path / 'pair.yaml'}", f"results={tmp_path / 'results'}"]
+    # its own process group, so that the test can freeze the first sweep with its jobs and ranks
+    first = subprocess.Popen(
+        [*cmd, "method=canzona"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=tmp_path, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (root / ".sweep.holder.json").exists():
+            assert first.poll() is None and time.monotonic() < deadline, "the first sweep never took the lock"
+            time.sleep(0.05)
+        os.killpg(first.pid, signal.SIGSTOP)  # holds the lock while the second one tries
+        try:
+            before = _snapshot(root)
+            second = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+            after = _snapshot(root)
+        finally:
+            os.killpg(first.pid, signal.SIGCONT)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert second.stdout == "" and second.stderr.count("\n") == 1 and second.stderr.startswith("error: ")
+        assert f"pid {first.pid} on " in second.stderr and "method=canzona" in second.stderr
+        assert after == before  # nothing written, nothing run
+        out, _ = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode == 0, out
+    assert "1 trials, 1 to run" in out and not (root / ".sweep.holder.json").exists()
+    (d,) = trial_dirs(root).values()
+    assert status(d)["status"] == "done" and (d / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_past_its_timeout_is_killed_with_its_ranks(tmp_path):
+    """local.mode=worker: a run over local.timeout_min is recorded as timed out, its worker,
+    forkserver and ranks are killed, and the next run gets a fresh worker and succeeds."""
+    (tmp_path / "pair.yaml").write_text(textwrap.dedent(PAIR))
+    long = textwrap.dedent(PAIR).replace("train.steps: 2", "train.steps: 100000") + "include:\n  - {method: sync, train.steps: 2}\n"
+    (tmp_path / "pair.yaml").write_text(long.replace("method: [canzona, sync]", "method: [canzona]"))
+    r = pair_sweep(tmp_path, "local.timeout_min=0.25")
+    assert r.returncode == 1, r.stdout + r.stderr
+    root = tmp_path / "results" / "pair"
+    runs = {status(d)["trial_id"].split("-")[1]: status(d) for d in trial_dirs(root).values()}
+    assert runs["canzona"]["status"] == "failed", runs
+    assert runs["canzona"]["error"].startswith("TimeoutError: the run took more than local.timeout_min=0.25"), runs
+    assert runs["sync"]["status"] == "done", runs
+    assert runs["canzona"]["job_id"].split(".")[0] != runs["sync"]["job_id"].split(".")[0]  # a new worker
+    for job in (runs["canzona"]["job_id"], runs["sync"]["job_id"]):  # both workers gone, and all below them
+        assert not Path(f"/proc/{job.split('.')[0]}").exists()
+    assert _running_in(tmp_path) == []  # the sweep ran there: its workers, forkservers and ranks too
+
+
+def _running_in(folder: Path) -> list[str]:
+    """Processes whose working directory is ``folder``."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")) == folder:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                out.append(f"{proc.name}: {cmd[:200]}")
+        except OSError:
+            pass
+    return out

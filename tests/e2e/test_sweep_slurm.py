@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -124,6 +125,69 @@ def test_slurm_dry_run_scripts_accepted_by_sbatch(slurm_cluster, tmp_path):  # n
     for s in scripts:
         t = subprocess.run(["sbatch", "--test-only", str(s)], capture_output=True, text=True, timeout=60)
         assert t.returncode == 0 and "to start at" in t.stdout + t.stderr, t.stdout + t.stderr
+
+
+LONG = """
+    description: one 2-rank trial that runs for minutes unless cancelled
+    fixed:
+      model.name: qwen3-0.6b
+      model.width_div: 16
+      model.num_layers: 1
+      dist.device: cpu
+      dist.threads_per_rank: 1
+      dist.timeout_s: 120
+      train.steps: 100000
+      train.warmup: 0
+      train.micro_batch: 1
+      train.seq_len: 16
+      parallel.dp: 2
+      method: canzona
+"""
+
+
+def _job_state(job_id: str) -> str:
+    r = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def test_scancelled_trial_is_recorded_as_cancelled(slurm_cluster, tmp_path):  # noqa: F811
+    """scancel a running trial's job: the sweep notices although the dev cluster has no
+    accounting (submitit alone would wait forever for the result), records Slurm's state as
+    the trial's error, goes on to its summary and report, and leaves nothing running."""
+    (tmp_path / "long.yaml").write_text(textwrap.dedent(LONG))
+    results = tmp_path / "results"
+    sweep = subprocess.Popen(
+        [sys.executable, str(RUN), f"sweep={tmp_path / 'long.yaml'}", "cluster=slurm", "slurm.partition=debug",
+         "slurm.time=00:10:00", f"results={results}", "poll_s=0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    try:
+        root = results / "long"
+        deadline = time.monotonic() + 300
+        job_id = None
+        while job_id is None or _job_state(job_id) != "RUNNING":  # cancel it mid-trial
+            assert sweep.poll() is None and time.monotonic() < deadline, "the trial never started running"
+            st = [json.loads(p.read_text()) for p in root.glob("*/status.json")]
+            job_id = st[0].get("job_id") if st else None
+            time.sleep(0.5)
+        subprocess.run(["scancel", job_id], check=True, timeout=60)
+        out, _ = sweep.communicate(timeout=300)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.communicate()
+    assert sweep.returncode == 1, out
+    (st_path,) = root.glob("*/status.json")
+    st = json.loads(st_path.read_text())
+    assert st["status"] == "failed" and st["job_id"] == job_id, st
+    assert st["error"] == f"Slurm ended job {job_id}: CANCELLED", st
+    assert f"Slurm ended job {job_id}: CANCELLED" in out and "(0 done, 1 failed, 0 other)" in out
+    assert _job_state(job_id) == "CANCELLED"
+    deadline = time.monotonic() + 30
+    while (_pgrep(str(results)) or _pgrep("slurmstepd")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _pgrep(str(results)) == [] and _pgrep("slurmstepd") == []
 
 
 # Keep this last in the module: it stops the cluster if this module's fixture started it.

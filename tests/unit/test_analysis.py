@@ -310,13 +310,25 @@ def test_cli_errors(tmp_path, capsys):
     (tmp_path / "empty" / "junk").mkdir(parents=True)
     assert main([str(tmp_path / "empty")]) == 2
     assert "no trials" in capsys.readouterr().err
+    # unknown keys and flags, a second folder, no folder: one line, exit 2, nothing written
+    for argv, fragment in (
+        ([str(tmp_path / "empty"), "ot=x"], "unknown report key 'ot'; allowed under top level: out, profile"),
+        ([str(tmp_path / "empty"), "--out", "x"], "unknown flag --out; allowed flags: none"),
+        ([str(tmp_path / "empty"), str(tmp_path)], "bad argument"),
+        ([], "missing SWEEP_DIR"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and fragment in err and err.count("\n") == 1, (argv, err)
+    assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == ["junk"]
+    assert main(["--help"]) == 0 and "usage: python -m analysis.report" in capsys.readouterr().out
 
 
 def test_cli_prints_report_path_last(tmp_path):
     sweep = _gen().make_sweep(tmp_path / "cli", models=("qwen3-0.6b",), methods=("canzona", "sync"),
                               failed=False, missing=False)
     out = tmp_path / "elsewhere"
-    r = subprocess.run([sys.executable, "-m", "analysis.report", str(sweep), "--out", str(out), "--profile", "none"],
+    r = subprocess.run([sys.executable, "-m", "analysis.report", str(sweep), f"out={out}", "profile=none"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == str(out / "index.html")

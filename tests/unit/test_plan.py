@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from canzona.calibrate.cache import ENV as CACHE_ENV
 from canzona.config import load_config
 from canzona.inventory import QWEN3, ParamSpec, build_inventory, model_config, total_params
 from canzona.plan import dp as dpmod
@@ -143,7 +145,7 @@ def test_plan_is_deterministic_across_processes() -> None:
     args = ["model=qwen3-8b", "parallel.dp=16", "parallel.tp=4"]
     outs = {
         subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
-                       env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout
+                       env={"PYTHONHASHSEED": str(seed), "PATH": "", CACHE_ENV: os.environ[CACHE_ENV]}).stdout
         for seed in (0, 1, 2)
     }
     assert len(outs) == 1
@@ -350,7 +352,7 @@ def test_critical_path_reproduces_issue_10_figures(tp: int, dp: int, expect_glob
     """The figures issue 10 quotes for Qwen3-32B (default buckets, Muon flops cost): the paper's
     greedy rollback puts one matrix per group when a matrix exceeds the capacity, so the TP ranks
     take turns; chunks of T sorted matrices do not."""
-    args = ("model=qwen3-32b", f"parallel.dp={dp}", f"parallel.tp={tp}")
+    args = ("model=qwen3-32b", f"parallel.dp={dp}", f"parallel.tp={tp}", "canzona.cost=flops")
     for grouping, expect in (("global", expect_global), ("single", expect_single)):
         plan = plan_for(*args, f"canzona.grouping={grouping}")
         assert critical_path(plan, compute_metrics(plan).compute).imbalance == pytest.approx(
@@ -363,8 +365,10 @@ def test_critical_path_reproduces_issue_10_figures(tp: int, dp: int, expect_glob
 @pytest.mark.parametrize("dp", [8, 16, 32, 64])
 def test_default_plan_meets_issue_10_critical_path_bound(model: str, tp: int, dp: int) -> None:
     """Issue 10's acceptance: critical path <= max(1.10, 1.02 x lower bound); groups of at least
-    T matrices keep every TP rank busy; every matrix owned once, owners consistent with groups."""
-    plan = plan_for(f"model={model}", f"parallel.dp={dp}", f"parallel.tp={tp}")
+    T matrices keep every TP rank busy; every matrix owned once, owners consistent with groups.
+    Planned for the GPU cluster these layouts are for (the default cost there: the h100 roofline),
+    so the check does not depend on the CPU the tests run on."""
+    plan = plan_for(f"model={model}", f"parallel.dp={dp}", f"parallel.tp={tp}", "dist.device=cuda")
     metrics = compute_metrics(plan)
     path = critical_path(plan, metrics.compute)
     assert path.imbalance <= max(1.10, 1.02 * path.lower_bound)

@@ -127,7 +127,7 @@ def test_simulate_sweep_projects_records_and_reports(tmp_path: Path) -> None:
     listed = page.ids["projected-assumptions"]["text"]
     for a in can["assumptions"]:
         assert a in listed
-    assert "recomputes every matrix" in page.ids["sync-note"]["text"]
+    assert "recomputes it" in page.ids["sync-note"]["text"]
     assert "reduce_loop" in page.ids["projected-settings"]["text"]
     # trials.csv marks them; projected.csv holds the ratios
     csv = (index.parent / "trials.csv").read_text().splitlines()

@@ -59,8 +59,10 @@ def test_single_collective_is_latency_plus_bytes_over_bandwidth() -> None:
     # two ranks: one ring step; reduce-scatter moves (P-1)/P of the buffer
     assert prof.collective("reduce_scatter", n, [0, 1]) == pytest.approx(1e-4 + 0.5 * n / 1e9)
     assert prof.collective("all_gather", n, [0, 1]) == pytest.approx(1e-4 + 0.5 * n / 1e9)
-    # all-reduce on 4 ranks: 2(P-1) = 6 steps, 2(P-1)/P of the buffer
-    assert prof.collective("all_reduce", n, [0, 1, 2, 3]) == pytest.approx(1e-4 + 5 * 1e-5 + 1.5 * n / 1e9)
+    # all-reduce on 4 ranks: the tree's 2·log2(P) = 4 latency steps (fewer than the ring's 6),
+    # the ring's 2(P-1)/P of the buffer
+    assert prof.collective("all_reduce", n, [0, 1, 2, 3]) == pytest.approx(1e-4 + 3 * 1e-5 + 1.5 * n / 1e9)
+    assert prof.collective("all_reduce", n, [0, 1]) == pytest.approx(1e-4 + 1 * 1e-5 + 1.0 * n / 1e9)
     assert prof.collective("broadcast", n, [0, 1, 2]) == pytest.approx(1e-4 + 1e-5 + n / 1e9)
     assert prof.collective("all_reduce", n, [0]) == 0.0
     tl = Timeline(2)

@@ -32,7 +32,6 @@ from canzona import dist_rules
 from canzona.config import TrialConfig
 from canzona.executor.runtime import Runtime
 from canzona.executor.timing import StepTimer
-from canzona.model.data import synthetic_batch
 from canzona.model.parallel import destroy_parallel, init_parallel
 from canzona.model.qwen3 import build_model
 from canzona.plan.methods import make_plan
@@ -41,6 +40,7 @@ from canzona.program.lower import lower
 from canzona.trial.dryrun.device import DeviceFunctions, emulate_queries
 from canzona.trial.dryrun.observe import Ledger, Observer
 from canzona.trial.dryrun.report import expected_bytes
+from canzona.trial.rank import step_batches
 
 STEPS = 2
 
@@ -81,8 +81,7 @@ def _run(cfg: TrialConfig, rank: int, ctx) -> dict[str, Any]:
     program = lower(plan, [rank])[0]
     mcfg = cfg.model_cfg()
     dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
-    batches = [synthetic_batch(mcfg, cfg.train.micro_batch, cfg.train.seq_len, cfg.train.seed, s, ctx.dp_rank, ctx.dp)
-               for s in range(STEPS)]
+    batches = [step_batches(cfg, s, ctx.dp_rank, ctx.dp) for s in range(STEPS)]
     groups = {"dp": ctx.dp_group, "tp": ctx.tp_group, "world": dist.distributed_c10d._get_default_group()}
     observer = Observer(groups)
     ledger = observer.ledger
@@ -100,9 +99,9 @@ def _run(cfg: TrialConfig, rank: int, ctx) -> dict[str, Any]:
             ledger.iteration = step + 1
             observer.collectives.tally.clear()
             with ledger.phase("input"):
-                tokens, labels = (mode.from_tensor(t).to(ctx.device) for t in batches[step])
+                micro = [tuple(mode.from_tensor(t).to(ctx.device) for t in b) for b in batches[step]]
             timer.reset()
-            runtime.iteration(tokens, labels, timer)
+            runtime.iteration(micro, timer)
             timer.finish()
             checks += [f"iteration {step + 1}: {p}" for p in compare_recorded(program, runtime.bytes_by_tag())]
             seconds[f"iteration {step + 1}"] = time.perf_counter() - t1
