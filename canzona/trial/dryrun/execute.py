@@ -11,6 +11,10 @@ overlapped parameter gather's waits), backward (bucket reductions from the hooks
 the optimizer step, the parameter gather. The first iteration creates the optimizer state, the
 second is the steady state a long run repeats; `Runtime.finish` then drains the last gathers.
 
+The plan is made for ``cuda`` by `make_plan`'s own cost-model choice: with no GPU visible, the
+roofline of ``canzona.cost_profile`` (a cluster that times its GPUs may place some matrices
+elsewhere; the layout, buffers and activations do not depend on it).
+
 Per iteration the executor's recorded calls are compared with the program's
 (`canzona.program.check.compare_recorded`); the `Observer` checks and tallies every collective
 and keeps the memory ledger (see `canzona.trial.dryrun.observe`).

@@ -17,8 +17,8 @@ initialisation. `preload` does that in a fresh process; nothing else in a proces
 may use real CUDA. ``torch.cuda.is_available()`` stays False.
 
 The library is compiled once per torch version with the system C++ compiler (``$CXX``, else
-``c++``) against torch's headers, into ``~/.cache/canzona`` (``$XDG_CACHE_HOME`` respected): a
-few seconds, once. On a torch built with CUDA none of this is needed (torch's own guard and
+``c++``) against torch's headers, into the calibration cache's folder (``$CANZONA_CACHE_DIR``,
+else ``~/.cache/canzona``): a few seconds, once. On a torch built with CUDA none of this is needed (torch's own guard and
 hooks are present: a dry run there uses them) and `preload` loads nothing.
 
 This module imports no torch at import time: the worker imports it before torch.
@@ -83,10 +83,12 @@ def torch_has_cuda() -> bool:
 
 
 def library_path() -> Path:
-    """Where the library for this torch and this source lives."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "canzona"
+    """Where the library for this torch and this source lives: the calibration cache's folder
+    (`canzona.calibrate.cache.cache_dir`; imported here, not at module level: it imports torch)."""
+    from canzona.calibrate.cache import cache_dir
+
     key = f"{importlib.metadata.version('torch')}\0{sys.platform}\0{SOURCE}"
-    return cache / f"fakecuda-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    return cache_dir() / f"fakecuda-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
 
 
 def ensure_built() -> Path | None:
@@ -106,7 +108,11 @@ def ensure_built() -> Path | None:
     import torch
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FakeCudaError(f"cannot create {path.parent} for the fake CUDA device ({e.strerror}); "
+                            f"set CANZONA_CACHE_DIR to a writable folder") from None
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         src, out = Path(tmp) / "fakecuda.cpp", Path(tmp) / "fakecuda.so"
         src.write_text(SOURCE)
