@@ -220,6 +220,7 @@ def _trial_row(t: TrialRecords) -> dict[str, Any]:
         "plan_seconds": plan.get("plan_seconds"),
         "plan_imbalance_compute": (plan.get("imbalance") or {}).get("compute"),
         "plan_imbalance_memory": (plan.get("imbalance") or {}).get("memory"),
+        "plan_imbalance_critical_path": (plan.get("imbalance") or {}).get("critical_path"),
         "peak_memory_mb_max": max(s["peak_memory_mb"]) if isinstance(s.get("peak_memory_mb"), list) and s["peak_memory_mb"] else None,
     }
     for k in ("iteration_ms_median", "iteration_ms_p10", "iteration_ms_p90", "optimizer_step_ms_median",

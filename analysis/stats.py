@@ -40,9 +40,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import Sweep, planned_loads
+from canzona.plan.methods import METHODS as REGISTERED_METHODS
 from canzona.records import PHASES
 
-METHODS = ("canzona", "sync", "layerwise", "adamw")
+METHODS = tuple(REGISTERED_METHODS)  # the method registry's order: canzona first, then the baselines
 BASELINES = ("sync", "layerwise")
 METRICS = ("iteration_ms", "optimizer_step_ms")
 POINT_BASE = ("model", "optimizer.name", "parallel.dp", "parallel.tp")

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from canzona.errors import ConfigError
+from canzona.optim import registry
 from canzona.overrides import build, split_argv
 from canzona.sim.profile import SPECS
 
-OPTIMIZERS = ("muon", "shampoo", "soap")
+OPTIMIZERS = registry.MATRIX_NAMES  # every registered matrix optimizer
 DEVICES = ("auto", "cpu", "cuda")
 SPEC_CHOICES = ("auto", "none", *SPECS)
 

@@ -21,6 +21,7 @@ from canzona.errors import ConfigError
 from canzona.records import atomic_write_json, atomic_write_text
 from canzona.sim.profile import Profile, load_profile
 from canzona.sweep import bookkeeping as bk
+from canzona.sweep.dryrun import dry_run_trials, memory_table
 from canzona.sweep.expand import build_plan
 from canzona.sweep.handles import RunHandle
 from canzona.sweep.jobshape import JobShape, slurm_shape
@@ -36,7 +37,7 @@ USAGE = """\
 usage: python sweeps/run.py sweep=NAME [key=value ...]
        python sweeps/run.py list
 
-sweep keys:  sweep=NAME|FILE.yaml  profile=local|paper|...  cluster=local|debug|slurm|simulate
+sweep keys:  sweep=NAME|FILE.yaml  profile=local|paper|...  cluster=local|debug|slurm|simulate|dryrun
              rerun=failed|all|none  dry_run=true  results=DIR  poll_s=1
              repeats=N  (runs of every trial, interleaved: repetition k > 1 of a trial goes to
                          <trial_id>-r<k>/; the report pools them)
@@ -44,7 +45,9 @@ sweep keys:  sweep=NAME|FILE.yaml  profile=local|paper|...  cluster=local|debug|
                (cluster=simulate projects every trial with canzona.sim on that device profile,
                 default h100, into results/<sweep>-<profile>-sim-<device>/; for a measured
                 sweep sim.profile is what the report's predicted-vs-measured section uses,
-                default profiles/local.yaml when it exists)
+                default profiles/local.yaml when it exists; cluster=dryrun runs the first and
+                last rank of every trial at full size on fake CUDA tensors here and tabulates
+                their peak memory against 80 and 141 GiB into results/<sweep>-<profile>-dryrun/)
              local.max_ranks=4 local.parallel=1 local.mode=worker|spawn|tasks local.timeout_min=20
              slurm.partition= slurm.account= slurm.qos= slurm.time=01:00:00 slurm.constraint=
              slurm.mem= slurm.gpus_per_node= slurm.tasks_per_node= slurm.cpus_per_task=
@@ -131,7 +134,7 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
         states.update({rid: bk.STALE for rid in restale})
     to_run = [r for r in runs if bk.should_run(states[r.id], s.rerun)]
     skipped = len(runs) - len(to_run)
-    verb = "to project" if sim_prof is not None else "to run"
+    verb = "to project" if sim_prof is not None else ("to dry-run" if s.cluster == "dryrun" else "to run")
     count = f"{len(plan.trials)} trials" + (f" x {plan.repeats} repeats = {len(runs)} runs" if plan.repeats > 1 else "")
     head = (
         f"sweep {plan.sweep}"
@@ -168,6 +171,8 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
 
     if sim_prof is not None:
         code = project_trials(plan, to_run, skipped, sim_prof, out)
+    elif s.cluster == "dryrun":
+        code = dry_run_trials(plan, to_run, skipped, out)
     else:
         code = _execute(plan, to_run, skipped, out)
     if code == 130:
@@ -179,9 +184,13 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
         failed=sum(v != bk.DONE for v in final.values()),
     )
     atomic_write_json(rd / "sweep.json", manifest)
+    failed = any(v != bk.DONE for v in final.values())
+    if s.cluster == "dryrun":  # memory per rank, not timings: a table and dryrun.csv, no HTML report
+        print(memory_table(plan, runs), file=out)
+        print(rd / "dryrun.csv", file=out)
+        return 1 if failed else 0
     print(summary_table(rd, runs), file=out)
     out.flush()
-    failed = any(v != bk.DONE for v in final.values())
     report_code = build_report(rd, out, profile=None if sim_prof is not None else plan.sim_profile)
     return max(1 if failed else 0, report_code)
 

@@ -39,7 +39,7 @@ def slurm_shape(cfg: TrialConfig, s: SlurmSettings) -> JobShape:
 
 def check_layouts(trials: list[SweepTrial], s: SweepSettings) -> None:
     """Every trial fits the cluster: local rank cap, or a valid Slurm job shape."""
-    if s.cluster == "simulate":  # any layout can be projected
+    if s.cluster in ("simulate", "dryrun"):  # any layout can be projected or dry-run here
         return
     for t in trials:
         if s.cluster in ("local", "debug"):

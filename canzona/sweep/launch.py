@@ -38,6 +38,7 @@ from canzona.net import free_port
 from canzona.sweep.handles import JobHandle, RunHandle, traceback_line
 from canzona.sweep.jobshape import JobShape, slurm_shape
 from canzona.sweep.procs import kill_descendants
+from canzona.sweep.sbatch import checkout_pythonpath_line
 from canzona.sweep.settings import SweepSettings, time_minutes
 from canzona.sweep.slurm_state import SlurmStates
 from canzona.sweep.trials import SweepPlan, TrialRun
@@ -292,8 +293,7 @@ def submitit_parameters(settings: SweepSettings, shape: JobShape, name: str) -> 
     for key in ("partition", "account", "qos", "constraint", "mem"):
         if getattr(s, key):
             p[f"slurm_{key}"] = getattr(s, key)
-    if s.setup:
-        p["slurm_setup"] = list(s.setup)
+    p["slurm_setup"] = [*s.setup, checkout_pythonpath_line()]
     if s.extra_sbatch:
         p["slurm_additional_parameters"] = parse_extra_sbatch(list(s.extra_sbatch))
     return p

@@ -11,12 +11,19 @@ from pathlib import Path
 
 import jinja2
 
+from canzona import CHECKOUT
 from canzona.records import atomic_write_text
 from canzona.sweep.jobshape import slurm_shape
 from canzona.sweep.keys import config_overrides
 from canzona.sweep.trials import REPO, SweepPlan, TrialRun
 
 TEMPLATE_DIR = REPO / "slurm" / "templates"
+
+
+def checkout_pythonpath_line() -> str:
+    """The job's last setup line: import this checkout's ``canzona`` (the code that planned the
+    sweep), whatever ``slurm.setup`` activated; the checkout must be on a filesystem the nodes share."""
+    return f'export PYTHONPATH={shlex.quote(str(CHECKOUT))}"${{PYTHONPATH:+:$PYTHONPATH}}"'
 
 
 def render_sbatch(plan: SweepPlan, run: TrialRun, run_dir: Path, sbatch_dir: Path) -> str:
@@ -44,7 +51,7 @@ def render_sbatch(plan: SweepPlan, run: TrialRun, run_dir: Path, sbatch_dir: Pat
         gpus_per_node=shape.gpus_per_node or None,
         chdir=str(Path.cwd()),
         extra_sbatch=list(s.extra_sbatch),
-        setup=list(s.setup),
+        setup=[*s.setup, checkout_pythonpath_line()],
         python=shlex.quote(s.python or sys.executable),
         overrides=[shlex.quote(o) for o in config_overrides(run.cfg)],
         out=shlex.quote(str(run_dir)),

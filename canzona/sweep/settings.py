@@ -18,7 +18,7 @@ from typing import Any
 from canzona.errors import ConfigError
 from canzona.overrides import build
 
-CLUSTERS = ("local", "debug", "slurm", "simulate")
+CLUSTERS = ("local", "debug", "slurm", "simulate", "dryrun")
 RERUN = ("failed", "all", "none")
 LOCAL_MODES = ("worker", "spawn", "tasks")
 DEFAULT_SIM_PROFILE = "h100"

@@ -77,7 +77,7 @@ class SweepPlan:
     @property
     def repeats(self) -> int:
         """Runs per trial: ``repeats``, except that a projection is deterministic (one run)."""
-        return 1 if self.settings.cluster == "simulate" else self.settings.repeats
+        return 1 if self.settings.cluster in ("simulate", "dryrun") else self.settings.repeats
 
     def runs(self) -> list[TrialRun]:
         """Every run, in the order they are launched: repetition by repetition; within one, the
@@ -117,6 +117,8 @@ class SweepPlan:
                 sim_profile_label(str(self.sim_profile)),
             ]
             return Path(self.settings.results) / "-".join(parts)
+        if self.settings.cluster == "dryrun":  # dry runs: a folder of their own too
+            return Path(self.settings.results) / "-".join([self.sweep, *([self.profile] if self.profile else []), "dryrun"])
         return Path(self.settings.results) / self.sweep
 
     @property

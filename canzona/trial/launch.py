@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from canzona import pythonpath_with_checkout
 from canzona.config import TrialConfig, load_config
 from canzona.errors import ConfigError
 from canzona.net import free_port
@@ -55,10 +56,7 @@ def _forkserver_imports_this_checkout() -> None:
     """Put this checkout first on ``PYTHONPATH`` for the forkserver. Python 3.11's forkserver
     ignores the parent's ``sys.path``: started from another folder (a sweep's ``cwd``) it would
     import whichever ``canzona`` is installed -- another checkout's code for the ranks -- or none."""
-    root = str(Path(__file__).resolve().parents[2])
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
+    os.environ["PYTHONPATH"] = pythonpath_with_checkout(os.environ.get("PYTHONPATH"))
 
 
 def _spawned_rank(local_rank: int, cfg_dict: dict[str, Any], out: str, port: int, world: int, rules: str) -> None:

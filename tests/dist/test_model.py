@@ -150,18 +150,17 @@ def _wrong_specs(cfg):
 def single_rank():
     from canzona.model import destroy_parallel, init_parallel
 
-    saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    # init_parallel exports the launch variables (LOCAL_RANK, MASTER_ADDR, ...) for env://; put the
+    # whole environment back, or later tests (a Slurm job inherits it) see a launched process.
+    saved = dict(os.environ)
     os.environ.update(RANK="0", WORLD_SIZE="1")
     os.environ.pop("MASTER_PORT", None)
     torch.manual_seed(0)
     init_parallel(1, "gloo", 30.0)
     yield
     destroy_parallel()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_data_dp_split_equals_global_rows():

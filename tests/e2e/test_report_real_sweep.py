@@ -3,7 +3,8 @@
 Runs a two-trial local sweep (canzona and sync, dp=2) through ``sweeps/run.py``, then checks
 that the sweep printed the report's path last, that ``trials.csv`` holds the medians computed
 here straight from ``steps.jsonl`` (max over ranks per measured step), that ``speedups.csv``'s
-canzona-vs-sync ratio is the ratio of those medians, and that the HTML shows them.
+canzona-vs-sync ratio is the ratio of those medians, that the HTML shows them, and that every
+rank's recorded bytes per action equal its program's (``summary.json``'s ``program_check``).
 """
 
 from __future__ import annotations
@@ -74,3 +75,8 @@ def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
     )
     html = report.read_text()
     assert f"{medians[('canzona', 'optimizer_step_ms')]:.2f}" in html
+    # every rank of every trial handed torch.distributed exactly the bytes its program lists
+    for _, row in trials.iterrows():
+        summary = json.loads((tmp_path / "results" / "two" / row["trial_id"] / "summary.json").read_text())
+        check = summary["program_check"]
+        assert check["ok"] and check["rows_checked"] > 0, check["mismatches"]

@@ -2,32 +2,21 @@
 the sbatch template.
 
 Cluster tests skip only when `sinfo` is missing and CI is not "true"; in CI they bring the
-cluster up themselves (installing Slurm if needed) and fail rather than skip.
+cluster up themselves (installing Slurm if needed) and fail rather than skip (`slurm_util`).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from slurm_util import needs_slurm
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "slurm" / "dev-cluster.sh"
-TEMPLATE_DIR = REPO / "slurm" / "templates"
-STATE_DIR = Path(os.environ.get("CANZONA_SLURM_DIR", "/tmp/canzona-slurm"))
-DAEMONS = ("slurmctld", "slurmd", "munged")
-
-IN_CI = os.environ.get("CI") == "true"
-needs_slurm = pytest.mark.skipif(
-    shutil.which("sinfo") is None and not IN_CI,
-    reason="sinfo not on PATH (run `bash slurm/dev-cluster.sh up`, or set CI=true to install it)",
-)
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "slurm" / "templates"
 
 
 def _load_job_module():
@@ -43,63 +32,6 @@ def _load_job_module():
         spec.loader.exec_module(mod)
         cloudpickle.register_pickle_by_value(mod)
     return sys.modules[name]
-
-
-def _sinfo_ok() -> bool:
-    if shutil.which("sinfo") is None:
-        return False
-    try:
-        r = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return False
-    return r.returncode == 0
-
-
-def _script(cmd: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), cmd], capture_output=True, text=True, timeout=timeout)
-
-
-def _running_daemons() -> list[str]:
-    left = []
-    for name in DAEMONS:
-        r = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True)
-        if r.returncode == 0:
-            left.append(f"{name}({' '.join(r.stdout.split())})")
-    return left
-
-
-class _Cluster:
-    def __init__(self) -> None:
-        self.started_here = False
-        self.running = False
-        self.up_seconds: float | None = None
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """A reachable Slurm controller. Brings the dev cluster up if `sinfo` fails; tears it down
-    at the end only if it brought it up (and the ordered down test has not already)."""
-    c = _Cluster()
-    old_conf = os.environ.get("SLURM_CONF")
-    if not _sinfo_ok():
-        t0 = time.monotonic()
-        r = _script("up", timeout=900)  # includes apt-get install on a bare machine
-        c.up_seconds = time.monotonic() - t0
-        assert r.returncode == 0, f"dev-cluster.sh up failed:\n{r.stdout}\n{r.stderr}"
-        c.started_here = True
-        # /etc/slurm/slurm.conf normally points here already; set it explicitly all the same.
-        os.environ["SLURM_CONF"] = str(STATE_DIR / "etc" / "slurm.conf")
-        assert _sinfo_ok(), "sinfo still fails after dev-cluster.sh up"
-    c.running = True
-    yield c
-    if c.started_here and c.running:
-        r = _script("down", timeout=300)
-        assert r.returncode == 0, f"dev-cluster.sh down failed:\n{r.stdout}\n{r.stderr}"
-    if c.started_here:
-        if old_conf is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = old_conf
 
 
 def _render(**values) -> str:
@@ -240,21 +172,3 @@ def test_sbatch_template_accepted_by_slurm(slurm_cluster, tmp_path):
     r = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "to start at" in r.stdout + r.stderr
-
-
-# Keep this last in the module: it stops the cluster.
-@pytest.mark.slurm
-@pytest.mark.slow
-@needs_slurm
-def test_dev_cluster_down_leaves_no_processes(slurm_cluster):
-    if not slurm_cluster.started_here:
-        pytest.skip("Slurm was already up before the tests; not stopping someone else's cluster")
-    t0 = time.monotonic()
-    r = _script("down", timeout=300)
-    slurm_cluster.running = False
-    assert r.returncode == 0, f"dev-cluster.sh down failed:\n{r.stdout}\n{r.stderr}"
-    assert _running_daemons() == []
-    assert time.monotonic() - t0 < 120
-    # and `status` reports it
-    s = _script("status", timeout=60)
-    assert s.returncode == 0 and s.stdout.strip() == "down", s.stdout + s.stderr

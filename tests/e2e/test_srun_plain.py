@@ -3,7 +3,7 @@ with none of torch's launch variables exported: every rank finds its rank, world
 ``MASTER_ADDR`` (the job's first node) and ``MASTER_PORT`` (from the job id) in Slurm's own
 environment (`canzona.trial.env`).
 
-Uses the ``slurm_cluster`` fixture of test_slurm_cluster.py (same skip rules).
+Uses the session's ``slurm_cluster`` fixture (tests/e2e/conftest.py) (same skip rules).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_slurm_cluster import needs_slurm, slurm_cluster  # noqa: F401
+from slurm_util import needs_slurm
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -30,7 +30,7 @@ def _srun(*cmd: str, timeout: float) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
 
 
-def test_srun_tasks_derive_their_launch_env(slurm_cluster) -> None:  # noqa: F811
+def test_srun_tasks_derive_their_launch_env(slurm_cluster) -> None:
     probe = ("import json, os; from canzona.trial.env import launch_env; e = launch_env(); "
              "print(json.dumps({**e.__dict__, 'job': os.environ['SLURM_JOB_ID'], "
              "'nodes': os.environ['SLURM_JOB_NODELIST']}))")
@@ -45,7 +45,7 @@ def test_srun_tasks_derive_their_launch_env(slurm_cluster) -> None:  # noqa: F81
         assert e["master_port"] == 20000 + int(e["job"]) % 20000
 
 
-def test_plain_srun_runs_a_trial(slurm_cluster, tmp_path) -> None:  # noqa: F811
+def test_plain_srun_runs_a_trial(slurm_cluster, tmp_path) -> None:
     r = _srun(sys.executable, "-m", "canzona.run", "model=qwen3-8b", "model.width_div=64", "model.num_layers=2",
               "parallel.dp=2", "train.steps=1", "train.warmup=0", "dist.timeout_s=60", f"out={tmp_path}",
               timeout=300)

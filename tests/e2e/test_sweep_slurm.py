@@ -2,7 +2,7 @@
 cluster=slurm`` submits 2 trials of 2 ranks each (gloo), as one job array, records them, and
 leaves no job step or rank process behind; then the cluster is torn down with no daemon left.
 
-Uses the ``slurm_cluster`` fixture of test_slurm_cluster.py (same skip rules: skipped only when
+Uses the session's ``slurm_cluster`` fixture (tests/e2e/conftest.py) (same skip rules: skipped only when
 ``sinfo`` is missing and CI is not "true").
 """
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_slurm_cluster import _running_daemons, _script, needs_slurm, slurm_cluster  # noqa: F401
+from slurm_util import IN_CI, dev_cluster, needs_slurm, pgrep, running_daemons
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "sweeps" / "run.py"
@@ -25,12 +25,7 @@ RUN = REPO / "sweeps" / "run.py"
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, needs_slurm]
 
 
-def _pgrep(pattern: str) -> list[str]:
-    r = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
-    return [ln for ln in r.stdout.splitlines() if "pgrep" not in ln]
-
-
-def test_slurm_sweep_two_trials_two_ranks(slurm_cluster, tmp_path):  # noqa: F811
+def test_slurm_sweep_two_trials_two_ranks(slurm_cluster, tmp_path):
     results = tmp_path / "results"
     r = subprocess.run(
         [
@@ -79,10 +74,10 @@ def test_slurm_sweep_two_trials_two_ranks(slurm_cluster, tmp_path):  # noqa: F81
 
     assert ours_queued() == []
     deadline = time.monotonic() + 30
-    while (_pgrep(str(results)) or _pgrep("slurmstepd")) and time.monotonic() < deadline:
+    while (pgrep(str(results)) or pgrep("slurmstepd")) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _pgrep(str(results)) == []
-    assert _pgrep("slurmstepd") == []
+    assert pgrep(str(results)) == []
+    assert pgrep("slurmstepd") == []
 
     # rerun: both recorded, nothing submitted
     r = subprocess.run(
@@ -102,7 +97,7 @@ def test_slurm_sweep_two_trials_two_ranks(slurm_cluster, tmp_path):  # noqa: F81
     assert r.returncode == 0 and "2 trials, 0 to run, 2 skipped" in r.stdout, r.stdout + r.stderr
 
 
-def test_slurm_dry_run_scripts_accepted_by_sbatch(slurm_cluster, tmp_path):  # noqa: F811
+def test_slurm_dry_run_scripts_accepted_by_sbatch(slurm_cluster, tmp_path):
     results = tmp_path / "results"
     r = subprocess.run(
         [
@@ -150,7 +145,7 @@ def _job_state(job_id: str) -> str:
     return r.stdout.strip()
 
 
-def test_scancelled_trial_is_recorded_as_cancelled(slurm_cluster, tmp_path):  # noqa: F811
+def test_scancelled_trial_is_recorded_as_cancelled(slurm_cluster, tmp_path):
     """scancel a running trial's job: the sweep notices although the dev cluster has no
     accounting (submitit alone would wait forever for the result), records Slurm's state as
     the trial's error, goes on to its summary and report, and leaves nothing running."""
@@ -185,17 +180,26 @@ def test_scancelled_trial_is_recorded_as_cancelled(slurm_cluster, tmp_path):  # 
     assert f"Slurm ended job {job_id}: CANCELLED" in out and "(0 done, 1 failed, 0 other)" in out
     assert _job_state(job_id) == "CANCELLED"
     deadline = time.monotonic() + 30
-    while (_pgrep(str(results)) or _pgrep("slurmstepd")) and time.monotonic() < deadline:
+    while (pgrep(str(results)) or pgrep("slurmstepd")) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _pgrep(str(results)) == [] and _pgrep("slurmstepd") == []
+    assert pgrep(str(results)) == [] and pgrep("slurmstepd") == []
 
 
-# Keep this last in the module: it stops the cluster if this module's fixture started it.
-def test_dev_cluster_down_leaves_no_processes(slurm_cluster):  # noqa: F811
+# Marked slurm_down: tests/e2e/conftest.py runs it after every other test of the session.
+@pytest.mark.slurm_down
+def test_dev_cluster_down_leaves_no_processes(slurm_cluster):
+    """`dev-cluster.sh down` stops every daemon and step, fast, and `status` says so. Where the
+    cluster was up before the session (someone else's), it is left alone: there is nothing of
+    ours to check, and CI always starts its own."""
     if not slurm_cluster.started_here:
-        pytest.skip("Slurm was already up for this module; not stopping someone else's cluster")
-    r = _script("down", timeout=300)
+        assert not IN_CI, "in CI the session must start its own Slurm cluster"
+        pytest.skip("Slurm was already up before the tests; not stopping someone else's cluster")
+    t0 = time.monotonic()
+    r = dev_cluster("down", timeout=300)
     slurm_cluster.running = False
     assert r.returncode == 0, f"dev-cluster.sh down failed:\n{r.stdout}\n{r.stderr}"
-    assert _running_daemons() == []
-    assert _pgrep("slurmstepd") == []
+    assert running_daemons() == []
+    assert pgrep("slurmstepd") == []
+    assert time.monotonic() - t0 < 120
+    s = dev_cluster("status", timeout=60)
+    assert s.returncode == 0 and s.stdout.strip() == "down", s.stdout + s.stderr
