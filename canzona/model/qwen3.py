@@ -232,13 +232,16 @@ class Qwen3Model(nn.Module):
 
 
 def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu", seed: int = 0,
-                dtype: torch.dtype = torch.float32) -> Qwen3Model:
+                dtype: torch.dtype = torch.float32, init: bool = True) -> Qwen3Model:
     """Build this rank's shard of the model with parameters (and so activations) in ``dtype``;
     Megatron's TP groups must already exist (``canzona.model.parallel.init_parallel``). Values are
-    TP-independent (``init_shard``, rounded to ``dtype``)."""
+    TP-independent (``init_shard``, rounded to ``dtype``). ``init=False`` leaves them as the layers
+    made them: for fake tensors (the dry run), whose values do not exist, drawing them is wasted time."""
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     model = Qwen3Model(cfg, tp, tp_rank, dtype)
+    if not init:
+        return _move_params(model, torch.device(device))
     with torch.no_grad():
         for idx, ((_, p), spec) in enumerate(zip(model.named_parameters(), model.param_specs())):
             p.copy_(init_shard(spec, idx, seed=seed, num_layers=cfg.num_layers, tp=tp, tp_rank=tp_rank))

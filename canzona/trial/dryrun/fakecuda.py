@@ -65,6 +65,9 @@ extern "C" int canzona_fake_cuda_active() { return at::detail::getCUDAHooks().ha
 """
 
 
+_loaded: str | None = None  # the library this process loaded
+
+
 class FakeCudaError(RuntimeError):
     """The fake CUDA device cannot be built or loaded here (one line saying why)."""
 
@@ -131,7 +134,8 @@ def ensure_built() -> Path | None:
 def preload(path: str | os.PathLike | None) -> None:
     """Load the library into this process before torch (call first thing in a fresh process);
     None (a CUDA build of torch) loads nothing."""
-    if path is None:
+    global _loaded
+    if path is None or _loaded == str(path):  # a zygote's child: loaded before the fork
         return
     if "torch" in sys.modules:
         raise FakeCudaError("the fake CUDA device must be loaded before torch is imported")
@@ -141,3 +145,4 @@ def preload(path: str | os.PathLike | None) -> None:
     handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     if handle.canzona_fake_cuda_active() != 1:  # torch's hooks were fetched before ours registered
         raise FakeCudaError(f"{path} was loaded but torch does not use its CUDA hooks")
+    _loaded = str(path)

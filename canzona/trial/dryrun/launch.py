@@ -1,22 +1,25 @@
-"""Running a dry run: one worker process per rank, the programs' cross-rank check, the report."""
+"""Running a dry run: one process per rank (forked from a preloaded zygote), the programs' cross-rank check, the report."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from canzona import CHECKOUT, pythonpath_with_checkout
 from canzona.config import TrialConfig, dry_run_ranks, load_config
 from canzona.trial.dryrun import fakecuda
 from canzona.trial.dryrun.report import build_report, write_report
+from canzona.trial.dryrun.worker import SETUP_ENV
 
-_REPO = Path(__file__).resolve().parents[3]
 MAX_WORKERS = 16
 
 
@@ -46,17 +49,67 @@ def dry_run_trial(cfg: TrialConfig, ranks: list[int] | str | None = None, out: s
     return report
 
 
+class _Zygote:
+    """The running `canzona.trial.dryrun.zygote` for one fake-CUDA library: started on first use,
+    reused by every later dry run of this process (a sweep's hundreds of ranks import torch once),
+    restarted if it died, ended with this process."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._library: Path | None = None
+        self._lock = threading.Lock()
+
+    def run(self, library: Path | None, spec: Path, result: Path, stderr: Path) -> int:
+        """Run one rank in a fresh child of the zygote; its exit status."""
+        with self._lock:
+            proc = self._started(library)
+            proc.stdin.write(f"{spec} {result} {stderr}\n")
+            proc.stdin.flush()
+        rc = Path(f"{result}.rc")
+        while not rc.exists():
+            if proc.poll() is not None:
+                return proc.returncode or 1
+            time.sleep(0.02)
+        return int(rc.read_text())
+
+    def _started(self, library: Path | None) -> subprocess.Popen:
+        if self._proc is not None and (self._proc.poll() is not None or self._library != library):
+            self.close()
+        if self._proc is None:
+            # the zygote imports this checkout's canzona, whatever the caller's folder or installed copy
+            env = {**os.environ, "PYTHONPATH": pythonpath_with_checkout(os.environ.get("PYTHONPATH"))}
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "canzona.trial.dryrun.zygote", str(library or "")],
+                stdin=subprocess.PIPE, text=True, env=env, cwd=CHECKOUT,
+            )
+            self._library = library
+        return self._proc
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+
+_ZYGOTE = _Zygote()
+atexit.register(_ZYGOTE.close)
+
+
 def _run_worker(tmp: Path, library: Path | None, config: dict[str, Any], rank: int) -> dict[str, Any]:
-    spec, result = tmp / f"rank{rank}.json", tmp / f"rank{rank}.out.json"
-    spec.write_text(json.dumps({"library": str(library) if library else None, "config": config, "rank": rank}))
-    # the worker imports this checkout's canzona, whatever the caller's folder or installed copy
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(_REPO), os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, "-m", "canzona.trial.dryrun.worker", str(spec), str(result)],
-                          capture_output=True, text=True, env=env, cwd=_REPO)
+    spec, result, stderr = tmp / f"rank{rank}.json", tmp / f"rank{rank}.out.json", tmp / f"rank{rank}.err"
+    spec.write_text(json.dumps({"library": str(library) if library else None, "config": config, "rank": rank,
+                                "setup": os.environ.get(SETUP_ENV)}))
+    code = _ZYGOTE.run(library, spec, result, stderr)
     if result.exists():
         return json.loads(result.read_text())
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"ok": False, "error": f"rank {rank}: the worker process exited with {done.returncode}: {tail}"}
+    lines = stderr.read_text(errors="replace").strip().splitlines() if stderr.exists() else []
+    return {"ok": False, "error": f"rank {rank}: the worker process exited with {code}: {(lines or ['no output'])[-1]}"}
 
 
 def _program_matching(cfg: TrialConfig) -> list[str]:

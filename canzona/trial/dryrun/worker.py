@@ -1,19 +1,21 @@
 """A dry-run rank's process: ``python -m canzona.trial.dryrun.worker SPEC.json RESULT.json``.
 
-SPEC holds ``{"library": path or null, "config": TrialConfig dict, "rank": int}``. The fake
+SPEC holds ``{"library": path or null, "config": TrialConfig dict, "rank": int, "setup": hook or
+null}``. The fake
 CUDA device is loaded before anything imports torch (`canzona.trial.dryrun.fakecuda.preload`:
-that is why each rank runs in a fresh process), then `execute.run_rank` runs the rank. RESULT
+that is why each rank runs in a fresh process; forked from `canzona.trial.dryrun.zygote`, which
+loaded it already, or started on its own), then `execute.run_rank` runs the rank. RESULT
 gets ``{"ok": true, "result": {...}}``, or ``{"ok": false, "error": "<one line>"}`` naming the
 rank, the exception and the innermost harness frame; the exit status is 0 or 1.
 
-Test hook: ``CANZONA_DRYRUN_SETUP=FILE.py:FUNCTION`` calls that function (no arguments) after
+Test hook: ``CANZONA_DRYRUN_SETUP=FILE.py:FUNCTION`` in the environment of the process that
+starts the dry run (`launch` passes it in SPEC: the zygote's environment is older) calls that function (no arguments) after
 the imports and before the rank runs, e.g. to plant a violation the dry run must report.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -36,8 +38,7 @@ def describe(rank: int, tp: int, e: BaseException) -> str:
     return f"rank {rank} (dp {rank // tp}, tp {rank % tp}): {type(e).__name__}: {first}{where}"
 
 
-def _setup_hook() -> None:
-    spec = os.environ.get(SETUP_ENV)
+def _setup_hook(spec: str | None) -> None:
     if not spec:
         return
     import importlib.util
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
         from canzona.trial.dryrun.execute import run_rank
 
         cfg = load_config(base=spec["config"])
-        _setup_hook()
+        _setup_hook(spec.get("setup"))
         out = {"ok": True, "result": run_rank(cfg, rank)}
         code = 0
     except Exception as e:  # noqa: BLE001 - every failure of the rank is its dry-run error
