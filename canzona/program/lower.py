@@ -252,15 +252,19 @@ class _Lowering:
             i for i in range(len(plan.params))
             if self.matrix[i] and plan.dp_owner[i] in (None, d) and i not in piped
         ]
-        if local:
-            dup = tuple(i for i in local if plan.tp_mode == "duplicated" and plan.params[i].tp_dim is not None)
-            source = None
-            if dup:
-                gather = TpAllGather("tp_allgather", dup, tuple(self.shard(i) for i in dup), self.tp, GRAD_DTYPE)
-                out += [gather, Wait((gather.tag,), "gather", "all-gather TP")]
-                source = gather.tag
-            out.append(Compute("compute", tuple(local), source))
-            out.append(Apply("apply", tuple(local), "compute", dup))
+        dup = [i for i in local if plan.tp_mode == "duplicated" and plan.params[i].tp_dim is not None]
+        whole = tuple(i for i in local if i not in set(dup))
+        if whole:
+            out.append(Compute("compute", whole, None))
+            out.append(Apply("apply", whole, "compute", ()))
+        for i in dup:
+            # Duplicated TP (sync's SyncGroupExecutor, Megatron's `duplicated` Muon): one matrix at a
+            # time -- all-gather its gradient over TP, every TP rank computes the whole update and keeps
+            # its slice. Never more than one gathered matrix alive.
+            gather = TpAllGather(f"tp_allgather p{i}", (i,), (self.shard(i),), self.tp, GRAD_DTYPE)
+            out += [gather, Wait((gather.tag,), "gather", f"all-gather TP p{i}")]
+            out.append(Compute(f"compute p{i}", (i,), gather.tag))
+            out.append(Apply(f"apply p{i}", (i,), f"compute p{i}", (i,)))
         ranges = self.elementwise_ranges(d)
         if ranges:
             out.append(Elementwise("elementwise", ranges))

@@ -38,7 +38,12 @@ def test_expand_nodelist(text: str) -> None:
 
 @pytest.mark.skipif(shutil.which("scontrol") is None, reason="Slurm's scontrol is not installed")
 @pytest.mark.parametrize("text", list(NODELISTS))
-def test_expand_nodelist_agrees_with_scontrol(text: str) -> None:
+def test_expand_nodelist_agrees_with_scontrol(text: str, tmp_path, monkeypatch) -> None:
+    # `show hostnames` parses locally, but scontrol wants a configuration first: a minimal one, so
+    # this runs whether or not a cluster is up (slurm_hostnames' scontrol call sees it too).
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=test\nSlurmctldHost=localhost\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
     real = subprocess.run(["scontrol", "show", "hostnames", text], capture_output=True, text=True, timeout=10)
     assert real.returncode == 0, real.stderr
     assert expand_nodelist(text) == real.stdout.split() == slurm_hostnames(text)
