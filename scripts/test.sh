@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite: lint, fast unit tests, the multi-process (gloo) tests,
 # the Slurm tests against a real local controller and the browser test of the report.
-# For the fast inner loop use plain `pytest` (slow tests are deselected by default).
+# For the fast inner loop use plain `pytest` (slow tests are deselected by default). The paper
+# profile's acceptance (`pytest -m paper`: a dry run of all its trials, ~15 min) is a CI step of
+# its own (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,5 +11,5 @@ bash scripts/setup.sh
 bash scripts/services.sh install
 "$PY" -m ruff check .
 trap 'bash slurm/dev-cluster.sh down >/dev/null 2>&1 || true' EXIT
-"$PY" -m pytest -m "slow or not slow" -p no:cacheprovider "$@"
+"$PY" -m pytest -m "(slow or not slow) and not paper" -p no:cacheprovider "$@"
 bash slurm/dev-cluster.sh down
