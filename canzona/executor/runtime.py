@@ -86,6 +86,7 @@ class Runtime:
         self._partial = partial
         forward = program.actions[0] if program.actions and isinstance(program.actions[0], Forward) else None
         self._install_gather_waits(forward.waits if forward is not None else ())
+        self._release = self._last_readers(program.actions)
 
     def _gather_done(self, pend: Pending) -> None:
         """Add a parameter gather's own duration (issue to completion) to this iteration's."""
@@ -146,6 +147,28 @@ class Runtime:
         self._timer = timer
         for a in actions:
             self._do(a, timer)
+            for tag in self._release.get(id(a), ()):  # its last reader ran: free the gathered
+                self.results.pop(tag, None)           # gradients / updates now, not at step end
+
+    @staticmethod
+    def _last_readers(actions) -> dict[int, tuple[str, ...]]:
+        """Per action (by id), the result tags it is the last to read (``source``, ``norm``), so
+        a step holds one micro-group's or one matrix's gathered gradients and updates at a time, as
+        on a GPU where they would be freed as soon as they were used. A tag nobody reads is freed
+        by its own wait."""
+        last: dict[str, int] = {}
+        for a in actions:
+            for field_name in ("source", "norm"):
+                tag = getattr(a, field_name, None)
+                if isinstance(tag, str):
+                    last[tag] = id(a)
+            if isinstance(a, Wait):
+                for tag in a.tags:
+                    last.setdefault(tag, id(a))
+        out: dict[int, list[str]] = {}
+        for tag, reader in last.items():
+            out.setdefault(reader, []).append(tag)
+        return {k: tuple(v) for k, v in out.items()}
 
     def load_grads(self, local_grads: list[torch.Tensor], timer) -> None:
         """Run one step from given TP-local gradients instead of forward/backward (parity tests):

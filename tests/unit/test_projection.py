@@ -89,7 +89,7 @@ def test_simulate_sweep_projects_records_and_reports(tmp_path: Path) -> None:
         assert st["sim_profile"] == "h100" and st["sim_profile_source"] == "spec-derived"
         s = json.loads((d / "summary.json").read_text())
         assert s["projected"] is True and s["profile"]["name"] == "h100" and s["assumptions"]
-        assert s["config"]["dist"]["dp_collective"] == "reduce_loop"  # the paper profile's choice
+        assert s["config"]["train"]["seq_len"] == 4096  # the paper profile's setting
         summaries[(s["config"]["method"], s["world"]["world_size"])] = s
     manifest = json.loads((rd / "sweep.json").read_text())
     assert manifest["projected"] is True and manifest["sim_profile"]["name"] == "h100"
@@ -128,7 +128,7 @@ def test_simulate_sweep_projects_records_and_reports(tmp_path: Path) -> None:
     for a in can["assumptions"]:
         assert a in listed
     assert "recomputes it" in page.ids["sync-note"]["text"]
-    assert "reduce_loop" in page.ids["projected-settings"]["text"]
+    assert "train.seq_len4096" in page.ids["projected-settings"]["text"]  # the profile's fixed settings
     # trials.csv marks them; projected.csv holds the ratios
     csv = (index.parent / "trials.csv").read_text().splitlines()
     assert "projected" in csv[0].split(",") and len(csv) == 9
@@ -187,7 +187,7 @@ def test_simulate_errors_are_one_line(tmp_path: Path, capsys) -> None:
 
 
 def test_simulate_dry_run_writes_nothing_and_ignores_local_rank_caps(tmp_path: Path) -> None:
-    rc, lines = _run(["sweep=qwen3_scaling", "profile=paper", "cluster=simulate", "dry_run=true", f"results={tmp_path}"])
+    rc, lines = _run(["sweep=qwen3_scaling", "profile=paper_projection", "dry_run=true", f"results={tmp_path}"])
     assert rc == 0 and "120 trials, 120 to project" in lines[0] and "sim-h100" in lines[0]
     assert not any(tmp_path.iterdir())
 
