@@ -66,8 +66,8 @@ class RooflineCost:
 
 def _where(p: Profile) -> str:
     if p.path:
-        from canzona.sim.profile import REPO
+        from canzona import CHECKOUT
 
         path = str(p.path)
-        return path[len(str(REPO)) + 1:] if path.startswith(str(REPO) + "/") else path
+        return path[len(str(CHECKOUT)) + 1:] if path.startswith(str(CHECKOUT) + "/") else path
     return f"profile {p.name} ({p.source})"

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 import yaml
 
+from canzona import CHECKOUT
 from canzona.errors import ConfigError
 from canzona.inventory import QWEN3, build_inventory, model_config
 from canzona.sim.profile import steady_flops
 
-REPO = Path(__file__).resolve().parents[2]
-SWEEP_FILE = REPO / "sweeps" / "configs" / "qwen3_scaling.yaml"
+SWEEP_FILE = CHECKOUT / "sweeps" / "configs" / "qwen3_scaling.yaml"
 # Fallback when the sweep file cannot be read: its `local` profile's sizes.
 LOCAL_SWEEP_MODELS = (("qwen3-0.6b", 8), ("qwen3-8b", 16))
 

@@ -253,7 +253,8 @@ class _Lowering:
             if self.matrix[i] and plan.dp_owner[i] in (None, d) and i not in piped
         ]
         dup = [i for i in local if plan.tp_mode == "duplicated" and plan.params[i].tp_dim is not None]
-        whole = tuple(i for i in local if i not in set(dup))
+        dup_set = set(dup)
+        whole = tuple(i for i in local if i not in dup_set)
         if whole:
             out.append(Compute("compute", whole, None))
             out.append(Apply("apply", whole, "compute", ()))

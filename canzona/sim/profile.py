@@ -55,12 +55,12 @@ from typing import Any
 
 import yaml
 
+from canzona import CHECKOUT
 from canzona.errors import ConfigError
 from canzona.optim import registry
 from canzona.optim.section import OptimizerSection
 
-REPO = Path(__file__).resolve().parents[2]
-PROFILES_DIR = REPO / "profiles"
+PROFILES_DIR = CHECKOUT / "profiles"
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
 LEVELS = ("intra", "inter")
 # Elementwise passes over the matrix (4-byte reads + writes) besides the matmuls, per update

@@ -15,9 +15,9 @@ from canzona import CHECKOUT
 from canzona.records import atomic_write_text
 from canzona.sweep.jobshape import slurm_shape
 from canzona.sweep.keys import config_overrides
-from canzona.sweep.trials import REPO, SweepPlan, TrialRun
+from canzona.sweep.trials import SweepPlan, TrialRun
 
-TEMPLATE_DIR = REPO / "slurm" / "templates"
+TEMPLATE_DIR = CHECKOUT / "slurm" / "templates"
 
 
 def checkout_pythonpath_line() -> str:

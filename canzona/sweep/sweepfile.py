@@ -33,11 +33,11 @@ from typing import Any
 
 import yaml
 
+from canzona import CHECKOUT
 from canzona.errors import ConfigError
 from canzona.sweep.keys import as_list, check_trial_key, flatten, fmt_value, normalize_key
-from canzona.sweep.trials import REPO
 
-CONFIGS_DIR = REPO / "sweeps" / "configs"
+CONFIGS_DIR = CHECKOUT / "sweeps" / "configs"
 TOP_KEYS = (
     "description",
     "default_profile",

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from canzona import CHECKOUT
 from canzona.config import TrialConfig
 from canzona.sweep.ids import run_id
 from canzona.sweep.settings import DEFAULT_SIM_PROFILE, SweepSettings
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -129,7 +128,7 @@ class SweepPlan:
             return self.settings.sim.profile
         if self.settings.cluster == "simulate":
             return DEFAULT_SIM_PROFILE
-        local = REPO / "profiles" / "local.yaml"
+        local = CHECKOUT / "profiles" / "local.yaml"
         return str(local) if local.is_file() else None
 
 
