@@ -3,7 +3,8 @@
 It reads the same per-rank programs the executor runs and gives each action a duration:
 
 - ``Forward`` / ``Backward``: the model's work (`canzona.sim.model`), identical on every rank,
-  run in lockstep with Megatron's blocking TP all-reduces; forward waits, before the first
+  run in lockstep with Megatron's blocking TP all-reduces where each unit (embedding, layer,
+  head) makes them, so DP traffic in flight overlaps them; forward waits, before the first
   unit using them, for the parameter gathers the previous iteration left in flight (then two
   iterations are simulated and the second measured); backward's walk lands each gradient in
   its bucket and fires the program's bucket hooks, which issue their reductions.
@@ -11,7 +12,9 @@ It reads the same per-rank programs the executor runs and gives each action a du
   collective per action over the action's group (``dp``/``tp`` stream of each member), starting
   when every member has issued it and its stream is free. The action's calls run back to back
   (their latencies add), except a ``coalesced`` group on a device that launches coalesced calls
-  together (``Profile.coalesces``): one latency, the transfers add.
+  together (``Profile.coalesces``): one latency, the transfers add; for a group of rooted
+  reduces/broadcasts (uneven DP shards) the busiest member's transfers, which are every piece but
+  its own.
 - ``Wait``: the host blocks until the collective ends, then copies out (``finish_elems``).
 - ``Compute`` / ``Apply`` / ``Elementwise``: the profile's optimizer, apply and AdamW costs.
 
@@ -115,9 +118,16 @@ class ProgramSim:
             lat, tr = prof.collective_parts(c.op, nbytes, members)
             lats.append(lat)
             trs.append(tr)
-        if per_member[0][0].coalesced and prof.coalesces:
-            return max(lats) + sum(trs), sum(trs)
-        return sum(lats) + sum(trs), sum(trs)
+        first = per_member[0]
+        if not (first[0].coalesced and prof.coalesces):
+            return sum(lats) + sum(trs), sum(trs)
+        if all(c.op in ("reduce", "broadcast") and c.root is not None for c in first):
+            # rooted calls launched together (uneven DP shards): each piece travels a chain that
+            # every member but its root forwards, so a member's links carry every piece but its
+            # own; the busiest member sets the time (even pieces: exactly the ring's (P-1)/P)
+            busiest = max(sum(tr for tr, c in zip(trs, first) if c.root != k) for k in range(len(members)))
+            return max(lats) + busiest, busiest
+        return max(lats) + sum(trs), sum(trs)
 
     def _resolve(self, key: tuple, members: list[int], slot: dict[int, tuple[float, Any]], axis: str) -> None:
         per_member = [slot[r][1] for r in members]
@@ -205,7 +215,7 @@ class ProgramSim:
         everyone = list(range(self.world))
         waits = [{w.param: w for w in p.actions[index].waits} for p in self.programs]
         with tl.phase(everyone, "forward"):
-            for items, sec in work.forward_units:
+            for items, sec, tp_sec in work.forward_units:
                 for i in items:  # a chained gather must be issued by every member before it is waited for
                     for r in everyone:
                         w = waits[r].get(i)
@@ -219,9 +229,9 @@ class ProgramSim:
                                 self.issue(r, w.then)
                 for r in everyone:
                     tl.host(r, sec)
-            if self.tp > 1:
-                for d in range(self.dp):
-                    tl.blocking(self.members("tp", d * self.tp)[1], "tp", work.tp_forward_s, "forward TP all-reduces")
+                if self.tp > 1 and tp_sec > 0:  # the unit's own TP all-reduces, on the TP stream
+                    for d in range(self.dp):
+                        tl.blocking(self.members("tp", d * self.tp)[1], "tp", tp_sec, "forward TP all-reduces")
 
     def _backward(self, work, index: int) -> None:
         tl = self.tl

@@ -29,9 +29,9 @@ class ModelWork:
     tp_forward_s: float  # TP all-reduces in the forward (0 without TP)
     # backward units in execution order: (seconds of host time, inventory indices ready after)
     backward_units: tuple[tuple[float, tuple[int, ...]], ...]
-    # forward units in execution order: (inventory indices first used, seconds of host time);
-    # their seconds add up to forward_s
-    forward_units: tuple[tuple[tuple[int, ...], float], ...]
+    # forward units in execution order: (inventory indices first used, seconds of host time,
+    # seconds of the unit's blocking TP all-reduces); they add up to forward_s and tp_forward_s
+    forward_units: tuple[tuple[tuple[int, ...], float, float], ...]
     forward_flops: float
     tokens: int
 
@@ -106,15 +106,19 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
             units.append((sec, (i,)))
     for i in emb:
         units.append((prof.copy(BYTES * tokens * mcfg.hidden) + hook(i), (i,)))
-    return ModelWork(forward_s, tp_forward_s, tuple(units), _forward_units(by_layer, params, forward_s, tp, tokens,
-                                                                            attn_layer, fwd_flops), fwd_flops, tokens)
+    # Megatron's forward all-reduces: the vocab-parallel embedding's, two per layer (attention
+    # and MLP outputs), the cross-entropy's three small ones in the head
+    fwd_tp = (ar_act, 2 * ar_act, 3 * ar_small)
+    return ModelWork(forward_s, tp_forward_s, tuple(units),
+                     _forward_units(by_layer, params, forward_s, tp, tokens, attn_layer, fwd_flops, fwd_tp),
+                     fwd_flops, tokens)
 
 
 def _forward_units(by_layer, params, forward_s: float, tp: int, tokens: int, attn_layer: float,
-                   fwd_flops: float) -> tuple[tuple[tuple[int, ...], float], ...]:
+                   fwd_flops: float, tp_s: tuple[float, float, float]) -> tuple[tuple[tuple[int, ...], float, float], ...]:
     """The forward split in registration order: the embedding, each layer, the head; each unit's
     share of ``forward_s`` is its share of the forward flops (the fixed and per-layer overheads
-    spread the same way)."""
+    spread the same way); ``tp_s``: the TP all-reduce seconds of the embedding, a layer, the head."""
     def flops(i: int) -> float:
         p = params[i]
         return 2.0 * tokens * p.local_numel(tp) if len(p.shape) == 2 and not p.name.startswith("embedding.") else 0.0
@@ -127,4 +131,6 @@ def _forward_units(by_layer, params, forward_s: float, tp: int, tokens: int, att
     groups += [(tuple(by_layer[k]), sum(flops(i) for i in by_layer[k]) + attn_layer) for k in layers]
     groups.append((head, max(0.0, fwd_flops - sum(f for _, f in groups))))
     total = sum(f for _, f in groups) or 1.0
-    return tuple((items, forward_s * f / total) for items, f in groups)
+    emb_tp, layer_tp, head_tp = tp_s
+    tps = [emb_tp] + [layer_tp] * len(layers) + [head_tp]
+    return tuple((items, forward_s * f / total, t) for (items, f), t in zip(groups, tps))

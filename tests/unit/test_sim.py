@@ -101,6 +101,54 @@ def test_balanced_ranks_never_wait_and_overlap_hides_comm() -> None:
     assert cpu.cpu[0] == pytest.approx(0.75)
 
 
+def test_coalesced_rooted_calls_cost_the_busiest_members_pieces() -> None:
+    """Uneven DP shards as one coalesced group of rooted calls: every piece travels a chain that
+    all members but its root forward, so member k moves every piece but its own; the group costs
+    one latency plus the busiest member's transfers (even pieces: the ring's (P-1)/P)."""
+    from canzona.program.actions import Call
+    from canzona.sim.interpret import ProgramSim
+
+    prof = Profile(toy_profile(latency_s=1e-4, bw=1e9))
+    assert prof.coalesces  # a CUDA profile launches a coalesced group together
+    sim = ProgramSim.__new__(ProgramSim)  # only the collective model is exercised
+    sim.prof = prof
+    members = [0, 1, 2, 3]
+
+    def group(op: str, pieces: list[int]) -> list[list[Call]]:
+        calls = [Call(op, "dp", n, n, "float32", root=k, coalesced=True) for k, n in enumerate(pieces)]
+        return [calls] * len(members)
+
+    for op in ("reduce", "broadcast"):
+        seconds, transfer = sim._seconds(group(op, [1000] * 4), members)
+        even = prof.collective_parts("reduce_scatter", 4 * 4000, members)[1]
+        assert transfer == pytest.approx(even) and seconds == pytest.approx(1e-4 + even)
+        # one member owns nothing: it forwards all 7000 elements
+        _, transfer = sim._seconds(group(op, [4000, 2000, 1000, 0]), members)
+        assert transfer == pytest.approx(4 * 7000 / 1e9)
+    # not coalesced (gloo): the calls run one after another, latencies and transfers add
+    solo = [[Call("reduce", "dp", 1000, 1000, "float32", root=k) for k in range(4)]] * 4
+    seconds, transfer = sim._seconds(solo, members)
+    assert transfer == pytest.approx(4 * 4 * 1000 / 1e9) and seconds == pytest.approx(4e-4 + transfer)
+
+
+def test_forward_tp_all_reduces_sit_in_their_units() -> None:
+    """Megatron's forward TP all-reduces happen inside each layer (and the embedding and loss),
+    where the DP gathers in flight overlap them, not in one block after the forward."""
+    from canzona.sim.model import model_work
+
+    cfg = load_config(TINY + ["model.num_layers=3", "parallel.tp=2", "method=canzona"])
+    plan = make_plan(cfg, device="cuda")
+    prof = load_profile("h100")
+    work = model_work(cfg, plan, prof, [0, 1])
+    tp_s = [t for _, _, t in work.forward_units]
+    assert len(tp_s) == 3 + 2 and all(t > 0 for t in tp_s)  # embedding, 3 layers, head
+    assert sum(tp_s) == pytest.approx(work.tp_forward_s)
+    assert tp_s[1] == tp_s[2] == tp_s[3] and tp_s[1] > tp_s[0]  # two activation all-reduces per layer
+    res = project(cfg, prof, events="all")
+    fwd = [e for e in res["steps"][0]["events"] if e["name"] == "forward TP all-reduces"]
+    assert len(fwd) == len(tp_s)
+
+
 # ---------------------------------------------------------------- the iteration
 def test_one_rank_step_is_the_sum_of_its_updates() -> None:
     cfg = load_config(TINY + ["method=canzona"])
