@@ -1,0 +1,109 @@
+"""Projection benchmark: the paper-scale communication of canzona against ZeRO-1 (adamw) and sync.
+
+    python benchmarks/projection_bench.py [profile=h100] [--out benchmarks/results/projection_bench.csv]
+
+For every point (size × layout) of ``sweep=qwen3_scaling profile=paper_projection`` projects the
+Muon trials of canzona, adamw and sync on the device profile (``canzona.sim``; canzona twice,
+with and without ``dist.overlap_param_gather``) and records:
+
+- ``comm_max``: exposed gradient reduction + exposed parameter sync, each the max over ranks (the
+  figures the report shows), canzona ÷ adamw. A rank that finishes its optimizer step early waits
+  in the next forward for the gathers its slower peers have not issued yet, so this counts the
+  step's imbalance as parameter sync;
+- ``comm_critical``: the same on the rank whose iteration ends last (the one that sets the
+  iteration time), canzona ÷ adamw;
+- ``wire``: the DP collectives' own durations (every bucket's reduction and gather, start to
+  end), canzona ÷ adamw: the cost of uneven rooted calls (busiest member: every piece but its
+  own) against even reduce-scatter / all-gather, without overlap;
+- ``exposed_sync``: canzona's exposed parameter sync ÷ its value without the overlap;
+- ``iteration_vs_sync``: sync's iteration ÷ canzona's.
+
+Prints the table and the points where canzona's communication exceeds 1.2× adamw's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+
+from bench_io import write_csv
+
+from canzona.config import load_config
+from canzona.errors import ConfigError
+from canzona.sim.simulate import project
+from canzona.sweep.expand import build_plan
+
+METHODS = ("canzona", "adamw", "sync")
+LIMIT = 1.2  # issue 12: canzona's gradient reduction + parameter sync at most 1.2x adamw's
+
+
+def _own_ms(row: dict, prefix: str) -> float:
+    """Milliseconds of a rank's comm-stream events whose name starts with `prefix`."""
+    return sum(e["dur_ms"] for e in row["events"] if e.get("lane") and e["name"].startswith(prefix))
+
+
+def _exposed(row: dict) -> float:
+    return row["grad_reduce_ms"] + row["param_sync_ms"]
+
+
+def point(trials: dict[str, object], profile: str) -> dict[str, float]:
+    res = {m: project(cfg, profile, events="auto") for m, cfg in trials.items()}
+    c, a = res["canzona"], res["adamw"]
+    crit = {m: max(r["steps"], key=lambda r: r["iteration_ms"]) for m, r in res.items()}
+    ev = {m: next(row for row in r["steps"] if row["events"]) for m, r in res.items()}
+    wire = {m: _own_ms(ev[m], "grad_reduce") + _own_ms(ev[m], "param_sync") for m in ("canzona", "adamw")}
+    no_overlap = project(load_config(["dist.overlap_param_gather=false"], base=trials["canzona"].to_dict()), profile,
+                         events="none")
+    out = {
+        "canzona_comm_ms": c["grad_reduce_ms"] + c["param_sync_ms"],
+        "adamw_comm_ms": a["grad_reduce_ms"] + a["param_sync_ms"],
+        "comm_max": (c["grad_reduce_ms"] + c["param_sync_ms"]) / (a["grad_reduce_ms"] + a["param_sync_ms"]),
+        "comm_critical": _exposed(crit["canzona"]) / _exposed(crit["adamw"]),
+        "wire": wire["canzona"] / wire["adamw"],
+        "exposed_sync": c["param_sync_ms"] / no_overlap["param_sync_ms"] if no_overlap["param_sync_ms"] else 0.0,
+        "canzona_step_ms": c["optimizer_step_ms"],
+        "iteration_vs_sync": res["sync"]["iteration_ms"] / c["iteration_ms"] if "sync" in res else float("nan"),
+    }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("profile", nargs="?", default="profile=h100", help="profile=NAME|PATH (default h100)")
+    ap.add_argument("--out", default="benchmarks/results/projection_bench.csv")
+    args = ap.parse_args(argv)
+    if not args.profile.startswith("profile="):
+        print(f"error: expected profile=NAME|PATH, got {args.profile!r}", file=sys.stderr)
+        return 2
+    profile = args.profile.split("=", 1)[1]
+    try:
+        plan = build_plan(["sweep=qwen3_scaling", "profile=paper_projection"])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    points: dict[tuple[str, str], dict[str, object]] = defaultdict(dict)
+    for t in plan.trials:
+        if t.cfg.method in METHODS and t.cfg.optimizer.name in ("muon", "adamw"):
+            points[(t.axes["size"], t.axes["layout"])][t.cfg.method] = t.cfg
+    rows = []
+    print(f"{'point':22s} {'comm max':>9s} {'critical':>9s} {'wire':>6s} {'exposed sync':>13s} {'iter vs sync':>13s}")
+    for (size, layout), trials in points.items():
+        try:
+            r = {"size": size, "layout": layout, **point(trials, profile)}
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        rows.append(r)
+        print(f"{size + ' ' + layout:22s} {r['comm_max']:9.2f} {r['comm_critical']:9.2f} {r['wire']:6.3f} "
+              f"{r['exposed_sync']:13.0%} {r['iteration_vs_sync']:13.2f}")
+    def names(key: str) -> str:
+        return ", ".join(f"{r['size']} {r['layout']}" for r in rows if r[key] > LIMIT) or "none"
+
+    print(f"canzona comm > {LIMIT}x adamw on the critical rank: {names('comm_critical')}; max over ranks: {names('comm_max')}")
+    write_csv(rows, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
