@@ -2,10 +2,10 @@
 
     python benchmarks/collective_bench.py [--out benchmarks/results/collective_bench.csv] [key=value ...]
 
-Runs the same canzona trial with each ``dist.dp_collective`` (padded, reduce_loop, all_to_all)
-at dp=2 and dp=4 and prints the exposed gradient reduction, the parameter sync and the
-iteration time (medians of the max over ranks), as measured in this run. All three are
-bit-identical in results (tests/dist/test_parity.py); only their cost differs.
+Runs the same canzona trial with each ``dist.dp_collective`` (auto, padded, reduce_loop,
+coalesced, all_to_all) at dp=2 and dp=4 and prints the exposed gradient reduction, the exposed
+parameter sync and the iteration time (medians of the max over ranks), as measured in this run.
+All are bit-identical in results (tests/dist/test_parity.py); only their cost differs.
 """
 
 from __future__ import annotations
