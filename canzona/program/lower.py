@@ -16,7 +16,8 @@ An iteration, in program order:
    DP rank owns (gather -> compute -> scatter -> apply per group, ``pipeline_depth`` groups of
    gathers issued ahead and scatters drained to that depth), the matrices computed whole here
    (the baselines all-gather TP shards first and duplicate the compute), the elementwise AdamW
-   ranges; ``Mark(step_end)``.
+   ranges (in the pipeline: while the first micro-groups' gathers are in flight, as they need
+   no TP communication); ``Mark(step_end)``.
 3. The parameter sync: the DP all-gather of updated shards (or layer-wise's padded gather of
    owned params), then a ``Wait``.
 
@@ -245,8 +246,12 @@ class _Lowering:
     def step(self, d: int, t: int) -> list[Action]:
         plan = self.plan
         out: list[Action] = []
-        if plan.tp_mode == "pipeline":
-            out.extend(self.pipeline(d, t))
+        ranges = self.elementwise_ranges(d)
+        elementwise = [Elementwise("elementwise", ranges)] if ranges else []
+        if plan.tp_mode == "pipeline" and plan.micro_groups[d]:
+            # the elementwise updates need no TP communication: they fill the first gathers' wait
+            out.extend(self.pipeline(d, t, fill=elementwise))
+            elementwise = []
         piped = set(self.pipelined(d))
         local = [
             i for i in range(len(plan.params))
@@ -266,14 +271,13 @@ class _Lowering:
             out += [gather, Wait((gather.tag,), "gather", f"all-gather TP p{i}")]
             out.append(Compute(f"compute p{i}", (i,), gather.tag))
             out.append(Apply(f"apply p{i}", (i,), f"compute p{i}", (i,)))
-        ranges = self.elementwise_ranges(d)
-        if ranges:
-            out.append(Elementwise("elementwise", ranges))
+        out.extend(elementwise)
         return out
 
-    def pipeline(self, d: int, t: int) -> list[Action]:
+    def pipeline(self, d: int, t: int, fill: Sequence[Action] = ()) -> list[Action]:
         """Canzona's micro-group pipeline, unrolled: gathers of ``depth`` groups ahead are in
-        flight while a group computes; scatters are drained down to ``depth`` outstanding."""
+        flight while a group computes; scatters are drained down to ``depth`` outstanding.
+        ``fill``: work independent of the groups, run while the first gathers are in flight."""
         groups = self.plan.micro_groups[d]
         depth = self.ex.pipeline_depth
         out: list[Action] = []
@@ -294,6 +298,8 @@ class _Lowering:
                 gi = groups[issued]
                 out.append(TpGather(f"gather g{issued}", gi.items, gi.owners, shards(gi), t, self.tp, GRAD_DTYPE))
                 issued += 1
+            if k == 0:
+                out.extend(fill)
             out.append(Wait((f"gather g{k}",), "wait", f"wait gather g{k}"))
             owned = tuple(i for i, o in zip(g.items, g.owners) if o == t)
             if owned:

@@ -123,6 +123,21 @@ def test_bytes_per_action_follow_the_calls() -> None:
     assert m.collectives == max(len(p.calls()) for p in lower(plan))
 
 
+def test_elementwise_updates_fill_the_first_gathers_wait() -> None:
+    """In canzona's TP pipeline the elementwise AdamW ranges run after the first micro-groups'
+    gathers are issued and before they are waited for (they need no TP communication); where a
+    DP rank has no micro-group they stay at the end of the step."""
+    plan = plan_for(*SMALL, "method=canzona", "parallel.dp=2", "parallel.tp=2")
+    for d, prog in zip(range(2), lower(plan, [0, 2])):
+        acts = [a for a in prog.actions if type(a).__name__ in ("TpGather", "Elementwise", "Wait")]
+        names = [(type(a).__name__, getattr(a, "tag", None) or getattr(a, "label", None)) for a in acts]
+        assert plan.micro_groups[d], "the test needs micro-groups on every DP rank"
+        first_gather = next(k for k, a in enumerate(acts) if isinstance(a, TpGather))
+        elementwise = next(k for k, (kind, _) in enumerate(names) if kind == "Elementwise")
+        first_wait = next(k for k, (kind, tag) in enumerate(names) if kind == "Wait" and tag == "wait gather g0")
+        assert first_gather < elementwise < first_wait, names
+
+
 def test_program_text_names_every_action() -> None:
     plan = plan_for(*SMALL, "parallel.dp=2", "parallel.tp=2", "method=canzona")
     prog = lower(plan, [3])[0]
