@@ -9,8 +9,9 @@ A trial folder (``results/<sweep>/<trial_id>/`` in a sweep, ``out=DIR`` for one 
   per-rank timeline of the step (cat is one of compute, comm, wait, model).
 - ``summary.json`` the trial's aggregates (medians and p10/p90 over measured steps of the max over
   ranks, the plan, the world, versions, host and the resolved config).
-- ``status.json``  written by the sweep launcher: ``{"status": "done"|"failed"|"running",
-  "error": str|None, "job_id": str|None, "started": iso, "ended": iso|None}``.
+- ``status.json``  written by the sweep launcher: ``status`` (done | failed | running), ``error``,
+  ``job_id``, ``started``, ``ended``, ``cluster``, ``host``, ``wall_s``, ``trial_id``, ``repeat``,
+  ``repeats`` (field by field: `canzona.sweep.bookkeeping`).
 - ``stdout.txt`` / ``stderr.txt`` tails written by the sweep launcher.
 - ``trace.json``   a Chrome-trace (Perfetto) file of the measured steps, one process per rank.
 

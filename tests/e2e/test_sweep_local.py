@@ -213,6 +213,8 @@ def test_repeats_run_interleaved_and_resume_per_repetition(tmp_path):
     rows = [dict(zip(header, line.split(","))) for line in speedups[1:]]
     vs_sync = [x for x in rows if x["baseline"] == "sync"]
     assert vs_sync and all(x["paired"] == "True" and x["n_trials_canzona"] == "2" for x in vs_sync)
+    html = (root / "report" / "index.html").read_text()
+    assert html.count("] paired") >= len(vs_sync)  # the report says which intervals are paired
 
     # a failed repetition is rerun alone; raising repeats runs only the new repetitions
     victim = order[1]
