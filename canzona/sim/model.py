@@ -26,14 +26,18 @@ HOOK_COPY_FACTOR = 1.5  # grad_view.add_(grad): read two, write one (in units of
 @dataclass(frozen=True)
 class ModelWork:
     forward_s: float
-    tp_forward_s: float  # TP all-reduces in the forward (0 without TP)
     # backward units in execution order: (seconds of host time, inventory indices ready after)
     backward_units: tuple[tuple[float, tuple[int, ...]], ...]
     # forward units in execution order: (inventory indices first used, seconds of host time,
-    # seconds of the unit's blocking TP all-reduces); they add up to forward_s and tp_forward_s
+    # seconds of the unit's blocking TP all-reduces); their host seconds add up to forward_s
     forward_units: tuple[tuple[tuple[int, ...], float, float], ...]
     forward_flops: float
     tokens: int
+
+    @property
+    def tp_forward_s(self) -> float:
+        """Seconds of the forward's TP all-reduces (0 without TP)."""
+        return sum(t for _, _, t in self.forward_units)
 
 
 def forward_flops(mcfg: ModelConfig, tp: int, micro_batch: int, seq_len: int) -> float:
@@ -72,7 +76,6 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
     ar_act = prof.collective("all_reduce", act, tp_ranks) if tp > 1 else 0.0
     ar_small = prof.collective("all_reduce", tokens * BYTES, tp_ranks) if tp > 1 else 0.0
     ar_norm = prof.collective("all_reduce", mcfg.head_dim * BYTES, tp_ranks) if tp > 1 else 0.0
-    tp_forward_s = (2 * L + 1) * ar_act + 3 * ar_small
 
     def hook(i: int) -> float:
         return prof.copy(HOOK_COPY_FACTOR * BYTES * params[i].local_numel(tp))
@@ -109,7 +112,7 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
     # Megatron's forward all-reduces: the vocab-parallel embedding's, two per layer (attention
     # and MLP outputs), the cross-entropy's three small ones in the head
     fwd_tp = (ar_act, 2 * ar_act, 3 * ar_small)
-    return ModelWork(forward_s, tp_forward_s, tuple(units),
+    return ModelWork(forward_s, tuple(units),
                      _forward_units(by_layer, params, forward_s, tp, tokens, attn_layer, fwd_flops, fwd_tp),
                      fwd_flops, tokens)
 

@@ -142,7 +142,10 @@ def test_forward_tp_all_reduces_sit_in_their_units() -> None:
     work = model_work(cfg, plan, prof, [0, 1])
     tp_s = [t for _, _, t in work.forward_units]
     assert len(tp_s) == 3 + 2 and all(t > 0 for t in tp_s)  # embedding, 3 layers, head
-    assert sum(tp_s) == pytest.approx(work.tp_forward_s)
+    # Megatron's count: 2 activation all-reduces per layer + the embedding's, 3 small ones in the loss
+    act = prof.collective("all_reduce", work.tokens * cfg.model_cfg().hidden * prof.activation_bytes, [0, 1])
+    small = prof.collective("all_reduce", work.tokens * 4, [0, 1])
+    assert sum(tp_s) == pytest.approx((2 * 3 + 1) * act + 3 * small) == pytest.approx(work.tp_forward_s)
     assert tp_s[1] == tp_s[2] == tp_s[3] and tp_s[1] > tp_s[0]  # two activation all-reduces per layer
     res = project(cfg, prof, events="all")
     fwd = [e for e in res["steps"][0]["events"] if e["name"] == "forward TP all-reduces"]
