@@ -73,7 +73,8 @@ def _clean(v: Any) -> Any:
 def projected_trials(sweep: Sweep) -> pd.DataFrame:
     """One row per projected trial, in the columns of `stats.trial_table` (values from
     summary.json: one simulated iteration, so median = p10 = p90) plus ``projected``,
-    ``profile``, ``profile_fingerprint`` and the phases (``phase.<name>``, mean over ranks)."""
+    ``profile``, ``profile_fingerprint``, the phases (``phase.<name>``, mean over ranks) and
+    ``param_sync_peer_ms_mean`` (of ``phase.param_sync``, the wait for peers still in their step)."""
     df = sweep.trials_df.copy()
     extra: list[dict[str, Any]] = []
     for t in sweep.trials:
@@ -87,6 +88,7 @@ def projected_trials(sweep: Sweep) -> pd.DataFrame:
                              "n_ranks": world.get("world_size") or 0,
                              "param_sync_ms_median": _nan(s.get("param_sync_ms")),
                              "grad_reduce_ms_median": _nan(s.get("grad_reduce_ms")),
+                             "param_sync_peer_ms_mean": _nan(s.get("param_sync_peer_ms_mean")),
                              "planned_imbalance": _nan(((s.get("plan") or {}).get("imbalance") or {}).get("compute")),
                              "measured_imbalance": math.nan}
         for m in METRICS:
@@ -230,6 +232,7 @@ def _phases_at(df: pd.DataFrame, view: dict[str, Any] | None, pcols: list[str]) 
         rows.append({"method": r["method"], "variant": r.get("variant") or "", "trial_id": r["trial_id"],
                      "layout": f"dp {r['parallel.dp']} × tp {r['parallel.tp']}",
                      "phases": {p: _clean(r[f"phase.{p}"]) for p in PHASES},
+                     "param_sync_peer_ms": _clean(r["param_sync_peer_ms_mean"]),
                      "iteration_ms": _clean(r["iteration_ms_median"]),
                      "optimizer_step_ms": _clean(r["optimizer_step_ms_median"])})
     order = {m: i for i, m in enumerate(method_order(sel["method"].unique()))}

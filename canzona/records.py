@@ -48,6 +48,9 @@ STEP_FIELDS = (
     "wait_ms",  # blocked on in-flight TP gathers/scatters of the micro-group pipeline
     "param_gather_ms",  # the parameter all-gathers' own time, issue to completion (null where the backend
     #                     reports no completion), whether or not it was hidden behind the forward
+    "param_sync_peer_ms",  # of param_sync_ms, the wait before the last DP peer issued the gather (that
+    #                        peer still in its optimizer step: step imbalance, not communication);
+    #                        projections only (null when measured: ranks' clocks are not compared)
     "compute_load",  # planned optimizer compute load of this rank (cost-model units)
     "loss",
 )

@@ -15,7 +15,9 @@ It reads the same per-rank programs the executor runs and gives each action a du
   together (``Profile.coalesces``): one latency, the transfers add; for a group of rooted
   reduces/broadcasts (uneven DP shards) the busiest member's transfers, which are every piece but
   its own.
-- ``Wait``: the host blocks until the collective ends, then copies out (``finish_elems``).
+- ``Wait``: the host blocks until the collective ends, then copies out (``finish_elems``). Of a
+  parameter-sync wait, the part before the last DP peer issued the gather (that peer's optimizer
+  step was still running) is kept apart as ``peer_ms``: step imbalance, not communication.
 - ``Compute`` / ``Apply`` / ``Elementwise``: the profile's optimizer, apply and AdamW costs.
 
 After backward each rank runs on by itself; a rank stops at a ``Wait`` whose collective not
@@ -67,6 +69,7 @@ class ProgramSim:
         self.comms = [{c.tag: c for c in p.comms()} for p in self.programs]
         # CPU oversubscription: inside the optimizer step only the busy ranks compete for cores
         self.host_factor = [1.0] * self.world
+        self.peer_s = [0.0] * self.world  # param-sync waits spent before the last peer issued
 
     # ------------------------------------------------------------------ groups
     def members(self, axis: str, r: int) -> tuple[tuple, list[int]]:
@@ -141,6 +144,17 @@ class ProgramSim:
             return Handle(tag, self.tl.cpu[r], self.tl.cpu[r])
         return self.handles.get(self._key(r, comm, it))
 
+    def _wait(self, r: int, h: Handle, phase: str) -> None:
+        """Block rank r on `h`; book to ``peer_s`` the part of a parameter-sync wait that passes
+        before the last member has issued the collective."""
+        if phase == "param_sync":
+            self.peer_s[r] += max(0.0, min(h.ready, h.end) - self.tl.cpu[r])
+        self.tl.wait(r, h)
+
+    def peer_ms(self, r: int) -> float:
+        """Rank r's parameter-sync wait, in the measured iteration, for peers still in their step."""
+        return self.peer_s[r] * 1e3
+
     def gather_ms(self, r: int) -> float:
         """The measured iteration's parameter all-gathers' own time on rank r (start to end)."""
         total = 0.0
@@ -176,6 +190,7 @@ class ProgramSim:
             self._iteration()
             self.it = 1
             self.tl.restart()
+            self.peer_s = [0.0] * self.world
         self._iteration()
 
     def _iteration(self) -> None:
@@ -223,7 +238,7 @@ class ProgramSim:
                             continue
                         h = self.handle(r, w.tag) or self.handle(r, w.tag, self.it - 1)
                         with tl.phase([r], "param_sync", f"wait {w.tag}"):
-                            tl.wait(r, h)
+                            self._wait(r, h, "param_sync")
                             self._finish(r, w.tag)
                             if w.then is not None:
                                 self.issue(r, w.then)
@@ -270,7 +285,7 @@ class ProgramSim:
         elif isinstance(a, Wait):
             with tl.phase([r], a.phase, a.label or None):
                 for tag in a.tags:
-                    tl.wait(r, self.handle(r, tag))
+                    self._wait(r, self.handle(r, tag), a.phase)
                     self._finish(r, tag)
         elif isinstance(a, Compute):
             shapes = [shape for i in a.items for _, shape in plan.params[i].matrices]

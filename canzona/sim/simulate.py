@@ -127,7 +127,8 @@ def assumptions(cfg: TrialConfig, prof: Profile, scale: float, step_scale: float
 def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events: str = "auto") -> dict[str, Any]:
     """Predicted summary of one trial (one iteration, max over ranks, milliseconds).
 
-    Keys: ``iteration_ms``, ``optimizer_step_ms``, ``param_sync_ms``, ``grad_reduce_ms``,
+    Keys: ``iteration_ms``, ``optimizer_step_ms``, ``param_sync_ms``, ``param_sync_transfer_ms``
+    (the exposed parameter sync less waiting for peers still in their step), ``grad_reduce_ms``,
     ``forward_ms``, ``backward_ms`` (and the ``*_median`` / ``*_p10`` / ``*_p90`` names of
     summary.json, all equal), ``phases_ms`` (max over ranks per phase), ``breakdown`` (the
     critical rank's optimizer step by phase), ``steps`` (one steps.jsonl-style row per rank,
@@ -159,6 +160,7 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
             "iteration_ms": iter_ms[r], "optimizer_step_ms": step_ms[r],
             **{f"{p}_ms": ph.get(p, 0.0) for p in PHASES},
             "compute_load": float(metrics.compute[d, t]), "loss": None, "param_gather_ms": sim.gather_ms(r),
+            "param_sync_peer_ms": sim.peer_ms(r),
             "events": tl.rank_events(r) if r in keep else [],
         })
     phases_max = {p: max(row[f"{p}_ms"] for row in rows) for p in PHASES}
@@ -169,11 +171,14 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
         "iteration_ms": max(iter_ms),
         "optimizer_step_ms": max(step_ms),
         "param_sync_ms": phases_max["param_sync"],
+        # the exposed parameter sync less the waits for peers still in their optimizer step
+        "param_sync_transfer_ms": max(row["param_sync_ms"] - row["param_sync_peer_ms"] for row in rows),
         "grad_reduce_ms": phases_max["grad_reduce"],
         "forward_ms": phases_max["forward"],
         "backward_ms": phases_max["backward"],
         "phases_ms": phases_max,
         "phases_ms_mean": {p: float(np.mean([row[f"{p}_ms"] for row in rows])) for p in PHASES},
+        "param_sync_peer_ms_mean": float(np.mean([row["param_sync_peer_ms"] for row in rows])),
         "critical_rank": critical,
         "breakdown": {p: rows[critical][f"{p}_ms"] for p in ("gather", "compute", "scatter", "apply")},
         "model_flops_per_rank": {"forward": sim.work.forward_flops, "tokens": sim.work.tokens},

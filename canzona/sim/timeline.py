@@ -36,6 +36,7 @@ class Handle:
     label: str
     start: float
     end: float
+    ready: float = 0.0  # when the last member issued it (the start may be later: a busy stream)
 
 
 class Timeline:
@@ -127,7 +128,7 @@ class Timeline:
                 self.stream_events[r].append(ev)
                 if debt:
                     self.debt[r] += debt
-        return Handle(label, start, end)
+        return Handle(label, start, end, max(at))
 
     def blocking(self, ranks: Sequence[int], stream: str, seconds: float, label: str) -> Handle:
         """A synchronous collective: issue, then every member waits for it."""

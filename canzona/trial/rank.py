@@ -115,6 +115,7 @@ def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> lis
             "compute_load": planned, "loss": float(global_loss) / ctx.dp,
             **{f"{p}_ms": timer.ms.get(p, 0.0) for p in PHASES},
             "param_gather_ms": runtime.param_gather_ms,
+            "param_sync_peer_ms": None,  # the ranks' issue times are not compared on a common clock
             "comm_bytes": runtime.bytes_by_tag(),
             "events": timer.events,
         })

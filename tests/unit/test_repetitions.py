@@ -28,7 +28,7 @@ def _drifted_sweep(root: Path, *, record_repeats: bool = True) -> Path:
             rows = [json.loads(x) for x in (d / "steps.jsonl").read_text().splitlines()]
             for r in rows:
                 for k in list(r):
-                    if k.endswith("_ms"):
+                    if k.endswith("_ms") and r[k] is not None:  # null: not recorded
                         r[k] *= f
             (d / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             status = json.loads((d / "status.json").read_text())

@@ -131,6 +131,34 @@ def test_coalesced_rooted_calls_cost_the_busiest_members_pieces() -> None:
     assert transfer == pytest.approx(4 * 4 * 1000 / 1e9) and seconds == pytest.approx(4e-4 + transfer)
 
 
+@pytest.mark.parametrize("overlap", ["true", "false"])
+def test_param_sync_waits_for_peers_still_in_their_step_are_kept_apart(overlap: str) -> None:
+    """A rank that ends its optimizer step early waits, in its parameter sync, for a DP peer that
+    has not issued the gather yet: that part (``param_sync_peer_ms``) is the step's imbalance, and
+    ``param_sync_transfer_ms`` is the exposed parameter sync without it."""
+    model = {"dtype": "float32", "forward": {"fixed_s": 1e-6, "layer_s": 0.0, "flops_per_s": 1e30},
+             "backward": {"fixed_s": 1e-6, "layer_s": 0.0, "flops_per_s": 1e30}}
+    prof = toy_profile(slope_s=10 * MS, latency_s=1e-5, model=model)
+    base = TINY + ["parallel.dp=3", f"dist.overlap_param_gather={overlap}", "optimizer.clip_grad=0"]
+    res = project(load_config(base + ["method=canzona"]), prof, events="none")
+    rows = res["steps"]
+    slow = max(rows, key=lambda r: r["optimizer_step_ms"])
+    fast = min(rows, key=lambda r: r["optimizer_step_ms"])
+    gap = slow["optimizer_step_ms"] - fast["optimizer_step_ms"]
+    assert gap >= 9.0  # 4 matrices on 3 ranks: one rank updates two of them
+    assert slow["param_sync_peer_ms"] == pytest.approx(0.0, abs=1e-9)  # nobody to wait for
+    assert fast["param_sync_peer_ms"] == pytest.approx(gap, rel=0.05)
+    for r in rows:
+        assert 0.0 <= r["param_sync_peer_ms"] <= r["param_sync_ms"] + 1e-9
+    assert res["param_sync_transfer_ms"] == pytest.approx(
+        max(r["param_sync_ms"] - r["param_sync_peer_ms"] for r in rows))
+    assert res["param_sync_transfer_ms"] < res["param_sync_ms"] - 0.9 * gap
+    # ZeRO-1's even shards: every rank issues its gathers at the same time
+    even = project(load_config(base + ["method=adamw", "optimizer.name=adamw"]), prof, events="none")
+    assert all(r["param_sync_peer_ms"] == pytest.approx(0.0, abs=1e-9) for r in even["steps"])
+    assert even["param_sync_transfer_ms"] == pytest.approx(even["param_sync_ms"])
+
+
 def test_forward_tp_all_reduces_sit_in_their_units() -> None:
     """Megatron's forward TP all-reduces happen inside each layer (and the embedding and loss),
     where the DP gathers in flight overlap them, not in one block after the forward."""
