@@ -1,8 +1,11 @@
 """Projection benchmark: the paper-scale communication of canzona against ZeRO-1 (adamw) and sync.
 
-    python benchmarks/projection_bench.py [profile=h100] [--out benchmarks/results/projection_bench.csv]
+    python benchmarks/projection_bench.py [profile=h100] [--sweep-profile paper_projection|paper_authors]
+                                          [--out CSV]
 
-For every point (size × layout) of ``sweep=qwen3_scaling profile=paper_projection`` projects the
+For every point (size × layout) of ``sweep=qwen3_scaling profile=paper_projection`` (micro-batch
+1 × 4096 tokens, Megatron's default buckets) or ``profile=paper_authors`` (the authors' launch
+settings: micro-batch 8 × 2048 tokens, buckets of 4e8 elements) projects the
 Muon trials of canzona, adamw and sync on the device profile (``canzona.sim``; canzona twice,
 with and without ``dist.overlap_param_gather``) and records:
 
@@ -81,14 +84,18 @@ def point(trials: dict[str, object], profile: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profile", nargs="?", default="profile=h100", help="profile=NAME|PATH (default h100)")
-    ap.add_argument("--out", default="benchmarks/results/projection_bench.csv")
+    ap.add_argument("--sweep-profile", default="paper_projection", choices=("paper_projection", "paper_authors"),
+                    help="the qwen3_scaling profile whose points are projected (default paper_projection)")
+    ap.add_argument("--out", help="CSV path (default benchmarks/results/projection_bench[_authors].csv)")
     args = ap.parse_args(argv)
+    suffix = "" if args.sweep_profile == "paper_projection" else "_authors"
+    out = args.out or f"benchmarks/results/projection_bench{suffix}.csv"
     if not args.profile.startswith("profile="):
         print(f"error: expected profile=NAME|PATH, got {args.profile!r}", file=sys.stderr)
         return 2
     profile = args.profile.split("=", 1)[1]
     try:
-        plan = build_plan(["sweep=qwen3_scaling", "profile=paper_projection"])
+        plan = build_plan(["sweep=qwen3_scaling", f"profile={args.sweep_profile}"])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"canzona comm > {LIMIT}x adamw on the critical rank: {names('comm_critical')}; max over ranks: "
           f"{names('comm_max')}; max over ranks without waits for peers: {names('comm_transfer')}")
-    write_csv(rows, args.out)
+    write_csv(rows, out)
     return 0
 
 
