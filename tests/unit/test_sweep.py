@@ -105,17 +105,21 @@ def test_qwen3_scaling_paper_profile_is_full_size_on_up_to_256_gpus():
 
 def test_qwen3_scaling_paper_authors_profile_is_paper_projection_at_the_authors_settings():
     """The authors' launch script (Megatron-Canzona scripts/canzona/train.sh): sequence 2048,
-    micro-batch 8, DDP buckets of 4e8 elements; every other value and every trial as in
-    paper_projection."""
+    micro-batch 8, DDP buckets of 4e8 elements, its global batch of 128 where DP allows it (DP 8:
+    2 micro-batches); every other value and every trial as in paper_projection."""
     authors = shipped("sweep=qwen3_scaling", "profile=paper_authors")
     base = shipped("sweep=qwen3_scaling", "profile=paper_projection")
     assert authors.settings.cluster == "simulate"
     assert [t.axes for t in authors.trials] == [t.axes for t in base.trials]
     for a, b in zip(authors.trials, base.trials):
         assert (a.cfg.train.seq_len, a.cfg.train.micro_batch, a.cfg.bucket.size) == (2048, 8, 400_000_000)
+        dp, accum = a.cfg.parallel.dp, a.cfg.train.grad_accum
+        assert accum == max(1, 128 // (8 * dp)) and b.cfg.train.grad_accum == 1
         a_dict, b_dict = a.cfg.to_dict(), b.cfg.to_dict()
         for d in (a_dict, b_dict):
-            d["train"].pop("seq_len"), d["train"].pop("micro_batch"), d["bucket"].pop("size")
+            for key in ("seq_len", "micro_batch", "grad_accum"):
+                d["train"].pop(key)
+            d["bucket"].pop("size")
         assert a_dict == b_dict
 
 
