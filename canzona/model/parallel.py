@@ -90,8 +90,11 @@ def init_parallel(
         else:
             _device = torch.device("cpu")
         os.environ.update({**launch.exports(), "MASTER_PORT": str(port)})  # env:// rendezvous
+        # device_id binds NCCL to this rank's GPU at once (eager communicator init; Megatron-LM
+        # passes it too), so Megatron's TP/DP groups are split from the world communicator
         dist.init_process_group(
-            BACKENDS[kind], rank=launch.rank, world_size=launch.world, timeout=timedelta(seconds=timeout_s)
+            BACKENDS[kind], rank=launch.rank, world_size=launch.world, timeout=timedelta(seconds=timeout_s),
+            device_id=_device if kind == "cuda" else None,
         )
     elif _device is None or _device.type != kind:  # initialised by someone else (a test, a launcher)
         _device = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
