@@ -75,6 +75,7 @@ class Runtime:
         self._batches: list = []
         self._losses: list[torch.Tensor] = []
         self._timer = None
+        self._waited: set[str] = set()
         backwards = [k for k, a in enumerate(program.actions) if isinstance(a, Backward)]
         self._backward_index = backwards[-1] if backwards else -1
         backward = program.actions[self._backward_index] if backwards else None
@@ -117,6 +118,11 @@ class Runtime:
                 owner.setdefault(index[id(p)], module)
         for w in waits:
             def pre_hook(_module, _args, w=w) -> None:
+                # only the iteration's first forward waits and dispatches: the later micro-batches'
+                # forwards (and a recomputed forward) find the gather done, as Megatron's hooks do
+                if w.tag in self._waited:
+                    return
+                self._waited.add(w.tag)
                 with self._timer.phase("param_sync", f"wait {w.tag}"):
                     self._gather_wait(w)
 
@@ -220,6 +226,7 @@ class Runtime:
     # ------------------------------------------------------------------ actions
     def _start(self) -> None:
         self.param_gather_ms: float | None = 0.0
+        self._waited: set[str] = set()  # parameter gathers the forward pre-hooks waited for
         self.buffers.start_step()
         self.recorder.reset()
         self.results = {}

@@ -76,8 +76,12 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
             for i in g["computed"]:
                 owners[i] += 1
         summary = summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, owners)
-        summary["program_check"] = program_check(programs, all_rows)
+        summary["program_check"] = check = program_check(programs, all_rows)
         write_records(cfg, out, all_rows, summary)
+        if not check["ok"]:  # the timings are not those of the method's program: fail the trial
+            raise RuntimeError(f"the executor handed torch.distributed other calls than the program lists "
+                               f"({len(check['mismatches'])} mismatches, first: {check['mismatches'][0]}); "
+                               f"records kept in {out} for inspection")
         return summary
     finally:
         destroy_parallel()
