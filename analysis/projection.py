@@ -36,7 +36,8 @@ METRICS = ("iteration_ms", "optimizer_step_ms")
 # trial settings that shape a projection, listed with its inputs
 SHAPING_KEYS = ("dist.dp_collective", "optimizer.ns_dtype", "train.micro_batch", "train.seq_len",
                 "bucket.size", "canzona.pipeline_depth", "canzona.cost", "dist.overlap_grad_reduce",
-                "dist.overlap_param_gather", "train.dtype", "optimizer.clip_grad")
+                "dist.overlap_param_gather", "train.dtype", "optimizer.clip_grad", "train.grad_accum",
+                "train.recompute")
 SYNC_NOTE = (
     "The sync baseline is the authors' fully synchronous run: plain DDP, every DP rank computes every "
     "matrix's update and every TP rank all-gathers and recomputes it (planned imbalance about dp × tp). "

@@ -27,6 +27,7 @@ DP_COLLECTIVES = ("auto", "padded", "reduce_loop", "coalesced", "all_to_all")
 SYNC_VARIANTS = ("all_reduce", "zero1_gather")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bf16", "fp32")
+RECOMPUTE = ("none", "full")
 
 
 @dataclass
@@ -116,6 +117,10 @@ class TrainSection:
     # dp x grad_accum x micro_batch sequences; gradients are reduced once, after the last one).
     grad_accum: int = 1
     seq_len: int = 64
+    # Activation recomputation: "full" keeps only each decoder layer's input and recomputes the
+    # layer's forward in backward (Megatron's --recompute-granularity full --recompute-method
+    # uniform --recompute-num-layers 1); "none" keeps every activation.
+    recompute: str = "none"
     fail_on_rank: int | None = None  # test hook: this rank raises at step `fail_at_step`
     fail_at_step: int = 0
 
@@ -168,6 +173,7 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     _choice("dist.sync_variant", cfg.dist.sync_variant, SYNC_VARIANTS)
     _choice("dist.device", cfg.dist.device, DEVICES)
     _choice("train.dtype", cfg.train.dtype, DTYPES)
+    _choice("train.recompute", cfg.train.recompute, RECOMPUTE)
     if not 0.0 <= cfg.canzona.alpha <= 1.0:
         raise ConfigError(f"canzona.alpha={cfg.canzona.alpha} must be in [0, 1]")
     if not 0.0 < cfg.canzona.capacity <= 1.0:

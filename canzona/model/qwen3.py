@@ -27,14 +27,17 @@ All other replicated params get identical, complete gradients on every TP rank.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import warnings
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from canzona.inventory import ModelConfig, ParamSpec, build_inventory, check_tp
 
@@ -166,15 +169,43 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.pre_mlp_layernorm(x))
 
 
+# Context managers the recomputed forward runs under besides the original's (`Decoder`): a mode
+# torch applies on the thread that runs the forward is not active on the autograd thread that
+# recomputes it. The dry run adds its fake-device functions here (`canzona.trial.dryrun.execute`).
+RECOMPUTE_MODES: list = []
+
+
+@contextlib.contextmanager
+def _recompute_modes() -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for mode in RECOMPUTE_MODES:
+            stack.enter_context(mode())
+        yield
+
+
+def _recompute_contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """``checkpoint``'s context_fn: nothing for the forward, `RECOMPUTE_MODES` for the recompute."""
+    return contextlib.nullcontext(), _recompute_modes()
+
+
 class Decoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype):
+    """The decoder layers; with ``recompute`` each layer keeps only its input for backward and
+    runs its forward again there (Megatron's full, uniform recomputation of one layer at a time).
+    The model has no dropout, so the recomputed forward is the same computation, bit for bit."""
+
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype,
+                 recompute: bool = False):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg, mp, tp, dtype) for _ in range(cfg.num_layers))
         self.final_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
+        self.recompute = recompute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(x)
+            if self.recompute and torch.is_grad_enabled():
+                x = checkpoint(layer, x, use_reentrant=False, context_fn=_recompute_contexts)
+            else:
+                x = layer(x)
         return self.final_layernorm(x)
 
 
@@ -186,7 +217,8 @@ class Qwen3Model(nn.Module):
     logits ``[b, s, vocab/tp]`` when ``labels`` is None.
     """
 
-    def __init__(self, cfg: ModelConfig, tp: int, tp_rank: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, cfg: ModelConfig, tp: int, tp_rank: int, dtype: torch.dtype = torch.float32,
+                 recompute: bool = False):
         super().__init__()
         check_tp(cfg, tp)
         self.cfg, self.tp, self.tp_rank = cfg, tp, tp_rank
@@ -199,7 +231,7 @@ class Qwen3Model(nn.Module):
             gradient_accumulation_fusion=False,
         )
         self.embedding = Embedding(cfg, mp)
-        self.decoder = Decoder(cfg, mp, tp, dtype)
+        self.decoder = Decoder(cfg, mp, tp, dtype, recompute)
         # Tied: no weight of its own; forward passes the embedding's [vocab/tp, hidden] shard.
         self.output_layer = ColumnParallelLinear(
             cfg.hidden, cfg.vocab, config=mp, init_method=_no_init, bias=False, gather_output=False,
@@ -232,14 +264,15 @@ class Qwen3Model(nn.Module):
 
 
 def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu", seed: int = 0,
-                dtype: torch.dtype = torch.float32, init: bool = True) -> Qwen3Model:
+                dtype: torch.dtype = torch.float32, init: bool = True, recompute: bool = False) -> Qwen3Model:
     """Build this rank's shard of the model with parameters (and so activations) in ``dtype``;
     Megatron's TP groups must already exist (``canzona.model.parallel.init_parallel``). Values are
     TP-independent (``init_shard``, rounded to ``dtype``). ``init=False`` leaves them as the layers
-    made them: for fake tensors (the dry run), whose values do not exist, drawing them is wasted time."""
+    made them: for fake tensors (the dry run), whose values do not exist, drawing them is wasted time.
+    ``recompute``: recompute each decoder layer's activations in backward (`Decoder`)."""
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    model = Qwen3Model(cfg, tp, tp_rank, dtype)
+    model = Qwen3Model(cfg, tp, tp_rank, dtype, recompute)
     if not init:
         return _move_params(model, torch.device(device))
     with torch.no_grad():

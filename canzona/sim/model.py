@@ -6,7 +6,8 @@ micro_batch·seq_len tokens, plus attention; backward twice that. Seconds come f
 b·s·hidden (2 per layer and 1 for the embedding forward, 2 per layer and 1 for the output layer
 backward, 3 small ones in the vocab-parallel cross-entropy, 2 q/k-norm grad all-reduces per
 layer in the hooks) sit on the critical path. The backward is walked in reverse registration
-order so the simulator knows when each gradient lands in its bucket.
+order so the simulator knows when each gradient lands in its bucket; with ``train.recompute=full``
+each layer's forward (its TP all-reduces included) runs again before its gradients.
 """
 
 from __future__ import annotations
@@ -84,6 +85,13 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
     by_layer: dict[int | None, list[int]] = {}
     for i, p in enumerate(params):
         by_layer.setdefault(p.layer, []).append(i)
+    # Megatron's forward all-reduces: the vocab-parallel embedding's, two per layer (attention
+    # and MLP outputs), the cross-entropy's three small ones in the head
+    fwd_tp = (ar_act, 2 * ar_act, 3 * ar_small)
+    fwd_units = _forward_units(by_layer, params, forward_s, tp, tokens, attn_layer, fwd_flops, fwd_tp)
+    # train.recompute=full: each layer's forward (with its TP all-reduces) runs again in backward,
+    # just before that layer's gradients
+    recompute = [sec + tp_s for _, sec, tp_s in fwd_units[1:-1]] if cfg.train.recompute == "full" else [0.0] * L
     top = [i for i in by_layer.get(None, []) if not params[i].name.startswith("embedding.")]
     emb = [i for i in by_layer.get(None, []) if params[i].name.startswith("embedding.")]
     # loss + output layer (dgrad and wgrad, then its input-grad all-reduce), final norm
@@ -95,9 +103,9 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
         units.append((head_s, ()))
     for layer in range(L - 1, -1, -1):
         members = sorted(by_layer[layer], reverse=True)
-        for i in members:
+        for k, i in enumerate(members):
             p = params[i]
-            sec = bw.layer_s / len(members) + hook(i)
+            sec = bw.layer_s / len(members) + hook(i) + (recompute[layer] if k == 0 else 0.0)
             if is_matmul(i):
                 sec += 4.0 * tokens * p.local_numel(tp) / bw.flops_per_s
             if p.name.endswith("linear_qkv.weight"):
@@ -109,12 +117,7 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
             units.append((sec, (i,)))
     for i in emb:
         units.append((prof.copy(BYTES * tokens * mcfg.hidden) + hook(i), (i,)))
-    # Megatron's forward all-reduces: the vocab-parallel embedding's, two per layer (attention
-    # and MLP outputs), the cross-entropy's three small ones in the head
-    fwd_tp = (ar_act, 2 * ar_act, 3 * ar_small)
-    return ModelWork(forward_s, tuple(units),
-                     _forward_units(by_layer, params, forward_s, tp, tokens, attn_layer, fwd_flops, fwd_tp),
-                     fwd_flops, tokens)
+    return ModelWork(forward_s, tuple(units), fwd_units, fwd_flops, tokens)
 
 
 def _forward_units(by_layer, params, forward_s: float, tp: int, tokens: int, attn_layer: float,

@@ -83,8 +83,12 @@ def assumptions(cfg: TrialConfig, prof: Profile, scale: float, step_scale: float
         "steady state: with the overlapped parameter gather two iterations are simulated and the second measured; "
         "the median step has no Shampoo/SOAP preconditioner refresh",
         "forward flops 2·T·(local matmul weights, output layer included) + 4·L·(heads·head_dim/tp)·seq·T, "
-        "backward twice that, at the profile's rate plus fixed and per-layer overheads; one micro-batch per "
-        "iteration (no gradient accumulation), no pipeline or sequence parallelism, no activation recomputation",
+        "backward twice that, at the profile's rate plus fixed and per-layer overheads; "
+        + (f"{cfg.train.grad_accum} micro-batches per iteration (gradient accumulation)" if cfg.train.grad_accum > 1
+           else "one micro-batch per iteration (no gradient accumulation)")
+        + ", no pipeline or sequence parallelism, "
+        + ("full activation recomputation (each layer's forward, TP all-reduces included, again in backward)"
+           if cfg.train.recompute == "full" else "no activation recomputation"),
         f"Megatron TP all-reduces of b·s·hidden {prof.model_dtype} activations: 2 per layer + 1 embedding forward, "
         "2 per layer + 1 output layer backward, 3 small cross-entropy all-reduces",
     ]

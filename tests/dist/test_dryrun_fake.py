@@ -77,6 +77,26 @@ def test_small_dry_run_equals_the_plan(extra: list[str], tmp_path: Path) -> None
     assert "rank  dp  tp  params  grads" in (tmp_path / "dryrun.txt").read_text()
 
 
+def test_recompute_keeps_only_layer_inputs(tmp_path: Path) -> None:
+    """train.recompute=full on fake CUDA tensors: the same calls and long-lived memory as without,
+    and each decoder layer adds only its input (micro-batch x seq x hidden, bf16) to what the
+    forward keeps for backward, where it keeps many such tensors without recomputation."""
+    forward = {}
+    for rc in ("none", "full"):
+        for layers in (2, 4):
+            cfg = load_config([*SMALL, "method=canzona", "train.seq_len=512", f"model.num_layers={layers}",
+                               f"train.recompute={rc}"])
+            report = dry_run_trial(cfg, "first", tmp_path / f"{rc}{layers}")
+            _check_against_plan(cfg, report, [0])
+            phases = {(p["iteration"], p["phase"]): p["bytes"] for p in report["ranks"][0]["memory"]["phase_peaks"]}
+            forward[rc, layers] = phases[2, "forward"] - phases[2, "input"]
+    cfg = load_config([*SMALL, "train.seq_len=512"])
+    layer_input = cfg.train.micro_batch * 512 * cfg.model_cfg().hidden * 2
+    per_layer = {rc: (forward[rc, 4] - forward[rc, 2]) / 2 for rc in ("none", "full")}
+    assert layer_input <= per_layer["full"] <= 1.1 * layer_input
+    assert per_layer["none"] > 5 * layer_input
+
+
 def _cli(tmp_path: Path, *args: str, plant: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "CANZONA_DRYRUN_SETUP"}
     if plant:

@@ -180,6 +180,25 @@ def test_forward_tp_all_reduces_sit_in_their_units() -> None:
     assert len(fwd) == len(tp_s)
 
 
+def test_recompute_runs_each_layer_forward_again_in_backward() -> None:
+    """train.recompute=full: the backward walk gains each layer's forward (its TP all-reduces
+    included) just before that layer's gradients; nothing else changes."""
+    from canzona.sim.model import model_work
+
+    prof = load_profile("h100")
+    works = {}
+    for rc in ("none", "full"):
+        cfg = load_config(TINY + ["model.num_layers=3", "parallel.tp=2", "method=canzona", f"train.recompute={rc}"])
+        works[rc] = model_work(cfg, make_plan(cfg, device="cuda"), prof, [0, 1])
+    none, full = works["none"], works["full"]
+    assert full.forward_units == none.forward_units
+    assert [d for _, d in full.backward_units] == [d for _, d in none.backward_units]
+    extra = [f - n for (f, _), (n, _) in zip(full.backward_units, none.backward_units)]
+    layers = [sec + tp for _, sec, tp in none.forward_units[1:-1]]
+    assert sorted(e for e in extra if e > 1e-12) == pytest.approx(sorted(layers))
+    assert sum(extra) == pytest.approx(sum(layers))
+
+
 # ---------------------------------------------------------------- the iteration
 def test_one_rank_step_is_the_sum_of_its_updates() -> None:
     cfg = load_config(TINY + ["method=canzona"])

@@ -192,6 +192,8 @@ def test_ids_are_stable_readable_and_content_addressed(tmp_path):
         (["sweep=qwen3_scaling", "size=70b"], "allowed: 0.6b, 8b"),
         (["sweep=qwen3_scaling", "parallel.tp=3"], "parallel.tp=3 does not divide heads"),
         (["sweep=qwen3_scaling", "method=adam"], "choose one of: canzona, sync, layerwise, adamw"),
+        (["sweep=qwen3_scaling", "train.recompute=selective"], "train.recompute='selective' is not allowed; "
+                                                               "choose one of: none, full"),
         (["sweep=qwen3_scaling", "train.steps=many"], "train.steps"),
         (["sweep=qwen3_scaling", "profile=paper", "cluster=local"], "allows at most local.max_ranks=4"),
         (["sweep=qwen3_scaling", "profile=paper", "slurm.tasks_per_node=16"], "exceeds slurm.gpus_per_node"),

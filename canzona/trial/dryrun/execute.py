@@ -36,6 +36,7 @@ from canzona import dist_rules
 from canzona.config import TrialConfig
 from canzona.executor.runtime import Runtime
 from canzona.executor.timing import StepTimer
+from canzona.model import qwen3
 from canzona.model.parallel import destroy_parallel, init_parallel
 from canzona.model.qwen3 import build_model
 from canzona.plan.methods import make_plan
@@ -90,9 +91,11 @@ def _run(cfg: TrialConfig, rank: int, ctx) -> dict[str, Any]:
     observer = Observer(groups)
     ledger = observer.ledger
     checks: list[str] = []
+    qwen3.RECOMPUTE_MODES[:] = [DeviceFunctions]  # a recomputed forward (train.recompute) runs on autograd's thread
     with FakeTensorMode() as mode, DeviceFunctions(), observer:
         with ledger.phase("build"):
-            model = build_model(mcfg, device=ctx.device, seed=cfg.train.seed, dtype=dtype, init=False)
+            model = build_model(mcfg, device=ctx.device, seed=cfg.train.seed, dtype=dtype, init=False,
+                                recompute=cfg.train.recompute == "full")
         seconds["build"] = time.perf_counter() - t0
         runtime = Runtime(model, plan, program, cfg.optimizer, ctx)
         for role, tensors in runtime.tensors_by_role().items():
