@@ -75,7 +75,7 @@ class Runtime:
         self._batches: list = []
         self._losses: list[torch.Tensor] = []
         self._timer = None
-        self._waited: set[str] = set()
+        self._waited: set[str] = set()  # parameter gathers the forward pre-hooks waited for (`_start`)
         backwards = [k for k, a in enumerate(program.actions) if isinstance(a, Backward)]
         self._backward_index = backwards[-1] if backwards else -1
         backward = program.actions[self._backward_index] if backwards else None
@@ -226,7 +226,7 @@ class Runtime:
     # ------------------------------------------------------------------ actions
     def _start(self) -> None:
         self.param_gather_ms: float | None = 0.0
-        self._waited: set[str] = set()  # parameter gathers the forward pre-hooks waited for
+        self._waited.clear()  # the parameter gathers this iteration's forward pre-hooks waited for
         self.buffers.start_step()
         self.recorder.reset()
         self.results = {}
