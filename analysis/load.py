@@ -156,15 +156,16 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def model_label(cfg: dict[str, Any]) -> str:
-    """qwen3-0.6b, or qwen3-0.6b/w8l4 for a scaled-down variant (as canzona.inventory names it)."""
+    """qwen3-0.6b, or qwen3-0.6b/w8l4 for a scaled-down variant, qwen3-8b/v50257/tied for another
+    vocabulary and tying (as canzona.inventory names it)."""
     m = cfg.get("model") or {}
     name = str(m.get("name", "?"))
     div = m.get("width_div") or 1
     layers = m.get("num_layers")
     try:
-        from canzona.inventory import model_config
+        from canzona.inventory import model_config_of
 
-        return model_config(name, div, layers).name
+        return model_config_of(m, (cfg.get("parallel") or {}).get("tp") or 1).name
     except Exception:
         if div == 1 and layers is None:
             return name
@@ -175,9 +176,9 @@ def model_params(cfg: dict[str, Any]) -> float:
     """Total parameter count of the trial's model (pure inventory), NaN when it can't be known."""
     m = cfg.get("model") or {}
     try:
-        from canzona.inventory import build_inventory, model_config, total_params
+        from canzona.inventory import build_inventory, model_config_of, total_params
 
-        mc = model_config(m.get("name", ""), m.get("width_div") or 1, m.get("num_layers"))
+        mc = model_config_of(m, (cfg.get("parallel") or {}).get("tp") or 1)
         return float(total_params(build_inventory(mc)))
     except Exception:  # unknown model, or the inventory moved: the plots fall back to names
         return math.nan

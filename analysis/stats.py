@@ -50,7 +50,7 @@ POINT_BASE = ("model", "optimizer.name", "parallel.dp", "parallel.tp")
 # config values that never split a point: identity, seeds, paths, test hooks, model (in `model`)
 NOT_POINT = {
     "method", "out", "save_params", "train.seed", "train.fail_on_rank", "train.fail_at_step",
-    "model.name", "model.width_div", "model.num_layers", "dist.timeout_s",
+    "model.name", "model.width_div", "model.num_layers", "model.vocab", "model.tied_embeddings", "dist.timeout_s",
 }
 METHOD_SPECIFIC = {
     "canzona": lambda c: c.startswith("canzona.") or c == "dist.dp_collective",

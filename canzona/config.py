@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from canzona.cost import COSTS
 from canzona.errors import ConfigError
-from canzona.inventory import ModelConfig, check_tp, model_config
+from canzona.inventory import ModelConfig, check_tp, model_config_of
 from canzona.optim import registry as optimizers
 from canzona.optim.section import OptimizerSection
 from canzona.overrides import Arguments, build, split_argv
@@ -35,6 +35,11 @@ class ModelSection:
     name: str = "qwen3-0.6b"
     width_div: int = 1
     num_layers: int | None = None
+    # A tokenizer's vocabulary instead of Qwen3's 151936 (e.g. GPT-2's 50257, the paper authors'),
+    # padded as Megatron pads it (128 x TP); None keeps the model's.
+    vocab: int | None = None
+    # Tie or untie the output layer and the embedding; None keeps the model's (Qwen3: tied up to 4B).
+    tied_embeddings: bool | None = None
     split_fused: bool = False
     matrix_embeddings: bool = False
 
@@ -140,7 +145,7 @@ class TrialConfig:
 
     # ---- derived ----
     def model_cfg(self) -> ModelConfig:
-        return model_config(self.model.name, self.model.width_div, self.model.num_layers)
+        return model_config_of(self.model, self.parallel.tp)
 
     @property
     def world_size(self) -> int:

@@ -17,7 +17,7 @@ Canonical full layouts (independent of the TP size, so TP shards concatenated al
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from canzona.errors import ConfigError
 
@@ -55,15 +55,44 @@ QWEN3: dict[str, ModelConfig] = {
 }
 
 
-def model_config(name: str, width_div: int = 1, num_layers: int | None = None) -> ModelConfig:
-    """Look up a Qwen3 config, optionally scaled down for small machines.
+VOCAB_DIVISIBLE_BY = 128  # Megatron's --make-vocab-size-divisible-by default
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """A tokenizer's vocabulary padded as Megatron pads it: up to a multiple of
+    ``make_vocab_size_divisible_by`` (128) × TP, so every TP rank holds an equal, aligned shard."""
+    multiple = VOCAB_DIVISIBLE_BY * tp
+    return -(-vocab // multiple) * multiple
+
+
+def model_config(name: str, width_div: int = 1, num_layers: int | None = None, *, vocab: int | None = None,
+                 tied_embeddings: bool | None = None, tp: int = 1) -> ModelConfig:
+    """Look up a Qwen3 config, optionally scaled down for small machines or given another tokenizer.
 
     ``width_div`` divides hidden, ffn, head_dim and vocab by the same factor (head counts kept),
-    so every matrix keeps its aspect ratio; ``num_layers`` truncates the stack.
+    so every matrix keeps its aspect ratio; ``num_layers`` truncates the stack. ``vocab`` replaces
+    Qwen3's vocabulary by a tokenizer's size (GPT-2's 50257, as the paper's authors trained),
+    padded for ``tp`` as Megatron pads it (`padded_vocab`) before any ``width_div``;
+    ``tied_embeddings`` ties or unties the output layer (Qwen3 ties it up to 4B; Megatron ties it
+    unless ``--untie-embeddings-and-output-weights``). Either one changed shows in the name.
     """
     if name not in QWEN3:
         raise ConfigError(f"unknown model {name!r}; allowed: {', '.join(QWEN3)}")
     cfg = QWEN3[name]
+    suffix = ""
+    if vocab is not None:
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+            raise ConfigError(f"model.vocab={vocab!r} must be a positive integer (a tokenizer's vocabulary size)")
+        if not isinstance(tp, int) or tp < 1:
+            raise ConfigError(f"parallel.tp={tp!r} must be a positive integer")
+        cfg = replace(cfg, vocab=padded_vocab(vocab, tp))
+        suffix += f"/v{vocab}"
+    if tied_embeddings is not None:
+        if not isinstance(tied_embeddings, bool):
+            raise ConfigError(f"model.tied_embeddings={tied_embeddings!r} must be true or false")
+        if tied_embeddings != cfg.tied_embeddings:
+            suffix += "/tied" if tied_embeddings else "/untied"
+        cfg = replace(cfg, tied_embeddings=tied_embeddings)
     if not isinstance(width_div, int) or width_div < 1:
         raise ConfigError(f"model.width_div={width_div!r} must be a positive integer")
     for field in ("hidden", "ffn", "head_dim", "vocab"):
@@ -73,15 +102,23 @@ def model_config(name: str, width_div: int = 1, num_layers: int | None = None) -
             )
     if num_layers is not None and not (isinstance(num_layers, int) and 1 <= num_layers <= cfg.num_layers):
         raise ConfigError(f"model.num_layers={num_layers!r} must be an integer in [1, {cfg.num_layers}] for {name}")
+    scaled = "" if width_div == 1 and num_layers is None else f"/w{width_div}l{num_layers or cfg.num_layers}"
     return replace(
         cfg,
-        name=cfg.name if width_div == 1 and num_layers is None else f"{cfg.name}/w{width_div}l{num_layers or cfg.num_layers}",
+        name=cfg.name + scaled + suffix,
         hidden=cfg.hidden // width_div,
         ffn=cfg.ffn // width_div,
         head_dim=cfg.head_dim // width_div,
         vocab=cfg.vocab // width_div,
         num_layers=num_layers or cfg.num_layers,
     )
+
+
+def model_config_of(model: Any, tp: int = 1) -> ModelConfig:
+    """`model_config` from a trial's ``model`` section, as an object or a records dict."""
+    get = model.get if isinstance(model, dict) else lambda k, d=None: getattr(model, k, d)
+    return model_config(get("name", ""), get("width_div") or 1, get("num_layers"), vocab=get("vocab"),
+                        tied_embeddings=get("tied_embeddings"), tp=tp)
 
 
 @dataclass(frozen=True)

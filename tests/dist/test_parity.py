@@ -234,6 +234,27 @@ def test_three_training_steps_match_single_process(tmp_path, reference_params, l
         assert summary["matrix_owner_counts"] == {"min": 1, "max": 1}
 
 
+def test_another_tokenizer_and_tied_output_layer_train_as_single_process(tmp_path) -> None:
+    """GPT-2's vocabulary (padded as Megatron pads it) on Qwen3-8B with its output layer tied to
+    the embedding, as the paper's authors trained: canzona over DP 2 matches the single process
+    within the training-parity bound, and the trained state has no output layer of its own."""
+    from analysis.load import model_label
+    from canzona.config import load_config
+    from canzona.run import run_trial
+
+    model = [*MODEL, "model.vocab=50257", "model.tied_embeddings=true", "train.steps=3", "train.warmup=0",
+             "optimizer=muon", *TRAIN_OPT["muon"]]
+    got = {}
+    for name, layout in (("single", ["train.micro_batch=4"]), ("dp2", ["train.micro_batch=2", "parallel.dp=2"])):
+        out = tmp_path / name
+        summary = run_trial(load_config([*model, *layout, f"save_params={out}/p.pt"]), out)
+        got[name] = torch.load(out / "p.pt")
+    assert summary["program_check"]["ok"] and model_label(summary["config"]) == "qwen3-8b/w64l2/v50257/tied"
+    assert "output_layer.weight" not in got["dp2"]
+    assert got["dp2"]["embedding.word_embeddings.weight"].shape[0] == 50304 // 64
+    assert _global_rel(got["dp2"], got["single"]) <= 1e-5
+
+
 # ------------------------------------------------------------------ bf16 training parity
 BF16_MODEL = [m for m in MODEL if not m.startswith("train.dtype")] + ["train.dtype=bf16"]
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from canzona.calibrate.cache import ENV as CACHE_ENV
 from canzona.config import load_config
+from canzona.errors import ConfigError
 from canzona.inventory import QWEN3, ParamSpec, build_inventory, model_config, total_params
 from canzona.plan import dp as dpmod
 from canzona.plan.buckets import build_layout
@@ -71,6 +72,39 @@ def test_width_scaling_keeps_aspect_ratios() -> None:
         if len(p.shape) == 2:
             f = by_name[p.name].shape
             assert f[0] * p.shape[1] == f[1] * p.shape[0]
+
+
+@pytest.mark.parametrize("tp,padded", [(1, 50304), (2, 50432), (4, 50688), (8, 51200)])
+def test_another_tokenizer_is_padded_as_megatron_pads_it(tp: int, padded: int) -> None:
+    """GPT-2's 50257 tokens padded to a multiple of 128 x TP (Megatron's
+    _vocab_size_with_padding with --make-vocab-size-divisible-by 128)."""
+    cfg = load_config(["model=qwen3-8b", "model.vocab=50257", f"parallel.tp={tp}"]).model_cfg()
+    assert cfg.vocab == padded and cfg.vocab % tp == 0
+    assert cfg.name == "qwen3-8b/v50257"
+    emb = build_inventory(cfg)[0]
+    assert emb.shape == (padded, 4096) and emb.local_numel(tp) == padded * 4096 // tp
+
+
+def test_tying_the_output_layer_removes_it_and_shows_in_the_name() -> None:
+    untied = load_config(["model=qwen3-8b"]).model_cfg()
+    tied = load_config(["model=qwen3-8b", "model.tied_embeddings=true"]).model_cfg()
+    assert (untied.name, tied.name) == ("qwen3-8b", "qwen3-8b/tied")
+    names = {p.name for p in build_inventory(untied)} - {p.name for p in build_inventory(tied)}
+    assert names == {"output_layer.weight"}
+    # restating the model's own tying changes nothing, not even the name
+    assert load_config(["model=qwen3-0.6b", "model.tied_embeddings=true"]).model_cfg() == model_config("qwen3-0.6b")
+    small = load_config(["model=qwen3-4b", "model.tied_embeddings=false", "model.vocab=50257",
+                         "model.width_div=8", "model.num_layers=2"]).model_cfg()
+    assert small.name == "qwen3-4b/w8l2/v50257/untied" and small.vocab == 50304 // 8
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.vocab=0", "model.vocab=0 must be a positive integer"),
+    ("model.vocab=-5", "model.vocab=-5 must be a positive integer"),
+])
+def test_bad_vocabulary_is_a_one_line_error(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(["model=qwen3-8b", override])
 
 
 # ---------------------------------------------------------------- layout

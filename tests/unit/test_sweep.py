@@ -106,7 +106,8 @@ def test_qwen3_scaling_paper_profile_is_full_size_on_up_to_256_gpus():
 def test_qwen3_scaling_paper_authors_profile_is_paper_projection_at_the_authors_settings():
     """The authors' launch script (Megatron-Canzona scripts/canzona/train.sh): sequence 2048,
     micro-batch 8, DDP buckets of 4e8 elements, its global batch of 128 where DP allows it (DP 8:
-    2 micro-batches); every other value and every trial as in paper_projection."""
+    2 micro-batches), GPT-2's tokenizer and tied output layers; every other value and every trial
+    as in paper_projection."""
     authors = shipped("sweep=qwen3_scaling", "profile=paper_authors")
     base = shipped("sweep=qwen3_scaling", "profile=paper_projection")
     assert authors.settings.cluster == "simulate"
@@ -115,11 +116,15 @@ def test_qwen3_scaling_paper_authors_profile_is_paper_projection_at_the_authors_
         assert (a.cfg.train.seq_len, a.cfg.train.micro_batch, a.cfg.bucket.size) == (2048, 8, 400_000_000)
         dp, accum = a.cfg.parallel.dp, a.cfg.train.grad_accum
         assert accum == max(1, 128 // (8 * dp)) and b.cfg.train.grad_accum == 1
+        mc = a.cfg.model_cfg()
+        assert mc.tied_embeddings and mc.vocab == -(-50257 // (128 * a.cfg.parallel.tp)) * 128 * a.cfg.parallel.tp
         a_dict, b_dict = a.cfg.to_dict(), b.cfg.to_dict()
         for d in (a_dict, b_dict):
             for key in ("seq_len", "micro_batch", "grad_accum"):
                 d["train"].pop(key)
             d["bucket"].pop("size")
+            for key in ("vocab", "tied_embeddings"):
+                d["model"].pop(key)
         assert a_dict == b_dict
 
 
