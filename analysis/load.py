@@ -173,12 +173,13 @@ def model_label(cfg: dict[str, Any]) -> str:
 
 
 def model_params(cfg: dict[str, Any]) -> float:
-    """Total parameter count of the trial's model (pure inventory), NaN when it can't be known."""
+    """Total parameter count of the trial's model (pure inventory), NaN when it can't be known; a
+    vocabulary override is counted as padded for TP 1, so every layout of a model has one size."""
     m = cfg.get("model") or {}
     try:
         from canzona.inventory import build_inventory, model_config_of, total_params
 
-        mc = model_config_of(m, (cfg.get("parallel") or {}).get("tp") or 1)
+        mc = model_config_of(m, 1)
         return float(total_params(build_inventory(mc)))
     except Exception:  # unknown model, or the inventory moved: the plots fall back to names
         return math.nan

@@ -336,3 +336,17 @@ def test_cli_prints_report_path_last(tmp_path):
     r = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "missing")],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_vocabulary_override_labels_the_model_once_for_every_layout() -> None:
+    """model.vocab pads per TP (Megatron), but one model keeps one label and one size across
+    layouts, so the report's points and its claims' "largest model" row group them together."""
+    from analysis.load import model_label, model_params
+
+    cfgs = [{"model": {"name": "qwen3-32b", "vocab": 50257, "tied_embeddings": True}, "parallel": {"dp": 64 // tp, "tp": tp}}
+            for tp in (1, 4, 8)]
+    assert {model_label(c) for c in cfgs} == {"qwen3-32b/v50257/tied"}
+    sizes = {model_params(c) for c in cfgs}
+    assert len(sizes) == 1
+    plain = model_params({"model": {"name": "qwen3-32b"}, "parallel": {"tp": 8}})
+    assert sizes.pop() == plain - 2 * 151936 * 5120 + 50304 * 5120  # untied 151936 -> tied 50304 rows
