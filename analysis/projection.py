@@ -37,7 +37,7 @@ METRICS = ("iteration_ms", "optimizer_step_ms")
 SHAPING_KEYS = ("dist.dp_collective", "optimizer.ns_dtype", "train.micro_batch", "train.seq_len",
                 "bucket.size", "canzona.pipeline_depth", "canzona.cost", "dist.overlap_grad_reduce",
                 "dist.overlap_param_gather", "train.dtype", "optimizer.clip_grad", "train.grad_accum",
-                "train.recompute")
+                "train.recompute", "parallel.sequence_parallel", "model.vocab", "model.tied_embeddings")
 SYNC_NOTE = (
     "The sync baseline is the authors' fully synchronous run: plain DDP, every DP rank computes every "
     "matrix's update and every TP rank all-gathers and recomputes it (planned imbalance about dp × tp). "

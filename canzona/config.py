@@ -48,6 +48,10 @@ class ModelSection:
 class ParallelSection:
     dp: int = 1
     tp: int = 1
+    # Megatron's --sequence-parallel: activations outside the TP regions (norms, residuals) split
+    # along the sequence over TP; all-gather / reduce-scatter in place of each TP all-reduce.
+    # Ignored at TP 1, as Megatron ignores it.
+    sequence_parallel: bool = False
 
 
 @dataclass
@@ -148,6 +152,11 @@ class TrialConfig:
         return model_config_of(self.model, self.parallel.tp)
 
     @property
+    def sequence_parallel(self) -> bool:
+        """``parallel.sequence_parallel`` where it applies: with TP (Megatron turns it off at TP 1)."""
+        return self.parallel.sequence_parallel and self.parallel.tp > 1
+
+    @property
     def world_size(self) -> int:
         return self.parallel.dp * self.parallel.tp
 
@@ -196,6 +205,9 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     if cfg.train.steps < 1 or cfg.train.warmup < 0:
         raise ConfigError(f"train.steps={cfg.train.steps} must be >= 1 and train.warmup={cfg.train.warmup} >= 0")
     check_tp(cfg.model_cfg(), cfg.parallel.tp)
+    if cfg.sequence_parallel and cfg.train.seq_len % cfg.parallel.tp:
+        raise ConfigError(f"parallel.sequence_parallel=true splits the sequence over TP: parallel.tp={cfg.parallel.tp} "
+                          f"must divide train.seq_len={cfg.train.seq_len}")
     if cfg.dist.dry_run:
         _check_dry_run(cfg)
     return cfg

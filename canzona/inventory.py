@@ -199,32 +199,35 @@ def _fc1_subs(cfg: ModelConfig, prefix: str) -> tuple[SubMatrix, ...]:
 
 
 def build_inventory(
-    cfg: ModelConfig, *, split_fused: bool = False, matrix_embeddings: bool = False
+    cfg: ModelConfig, *, split_fused: bool = False, matrix_embeddings: bool = False, sequence_parallel: bool = False
 ) -> list[ParamSpec]:
     """Parameters in registration order (embedding, layers, final norm, output layer).
 
     Embedding and output layer go to AdamW unless ``matrix_embeddings``; norms always do.
-    A tied model has no separate output layer.
+    A tied model has no separate output layer. With ``sequence_parallel`` the hidden-size norms
+    see only their TP rank's part of the sequence, so their gradients are partial per TP rank
+    (``tp_grad_allreduce``, as the q/k norms' always are).
     """
     emb_kind: Kind = "matrix" if matrix_embeddings else "adamw"
     hd = cfg.head_dim
+    sp = sequence_parallel
     params = [ParamSpec("embedding.word_embeddings.weight", (cfg.vocab, cfg.hidden), 0, emb_kind)]
     for i in range(cfg.num_layers):
         p = f"decoder.layers.{i}"
         qkv = f"{p}.self_attention.linear_qkv.weight"
         fc1 = f"{p}.mlp.linear_fc1.weight"
         params += [
-            ParamSpec(f"{p}.input_layernorm.weight", (cfg.hidden,), None, "adamw", i),
+            ParamSpec(f"{p}.input_layernorm.weight", (cfg.hidden,), None, "adamw", i, tp_grad_allreduce=sp),
             ParamSpec(qkv, ((cfg.heads + 2 * cfg.kv_heads) * hd, cfg.hidden), 0, "matrix", i,
                       _qkv_subs(cfg, qkv) if split_fused else ()),
             ParamSpec(f"{p}.self_attention.q_layernorm.weight", (hd,), None, "adamw", i, tp_grad_allreduce=True),
             ParamSpec(f"{p}.self_attention.k_layernorm.weight", (hd,), None, "adamw", i, tp_grad_allreduce=True),
             ParamSpec(f"{p}.self_attention.linear_proj.weight", (cfg.hidden, cfg.heads * hd), 1, "matrix", i),
-            ParamSpec(f"{p}.pre_mlp_layernorm.weight", (cfg.hidden,), None, "adamw", i),
+            ParamSpec(f"{p}.pre_mlp_layernorm.weight", (cfg.hidden,), None, "adamw", i, tp_grad_allreduce=sp),
             ParamSpec(fc1, (2 * cfg.ffn, cfg.hidden), 0, "matrix", i, _fc1_subs(cfg, fc1) if split_fused else ()),
             ParamSpec(f"{p}.mlp.linear_fc2.weight", (cfg.hidden, cfg.ffn), 1, "matrix", i),
         ]
-    params.append(ParamSpec("decoder.final_layernorm.weight", (cfg.hidden,), None, "adamw"))
+    params.append(ParamSpec("decoder.final_layernorm.weight", (cfg.hidden,), None, "adamw", tp_grad_allreduce=sp))
     if not cfg.tied_embeddings:
         params.append(ParamSpec("output_layer.weight", (cfg.vocab, cfg.hidden), 0, emb_kind))
     return params

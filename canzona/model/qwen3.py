@@ -2,7 +2,10 @@
 
 One code path for CPU/gloo and CUDA/NCCL: the layers are allocated on the CPU
 (``use_cpu_initialization``), filled from TP-independent seeded full tensors, then moved to
-``device``. Nothing here uses Megatron's CUDA RNG tracker, sequence parallel or its DDP.
+``device``. Nothing here uses Megatron's CUDA RNG tracker or its DDP. With
+``sequence_parallel`` the residual stream is ``[s/tp, b, h]`` and the TP layers' weights are
+applied through `canzona.model.sequence_parallel` (Megatron's sequence parallelism; its own
+mappings are CUDA-only), otherwise activations are ``[b, s, h]`` through megatron-core's layers.
 
 Layout (names and order equal ``canzona.inventory.build_inventory(cfg)``)::
 
@@ -40,6 +43,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from canzona.inventory import ModelConfig, ParamSpec, build_inventory, check_tp
+from canzona.model import sequence_parallel as sp
 
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed" x4 on import
     warnings.simplefilter("ignore")
@@ -87,19 +91,23 @@ def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 class Embedding(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, sp_group=None):
         super().__init__()
         self.word_embeddings = VocabParallelEmbedding(
             cfg.vocab, cfg.hidden, init_method=_no_init, config=mp, tp_group=_tp_group()
         )
+        if sp_group is not None:  # tokens [b, s] -> [s/tp, b, h]
+            sp.install(self.word_embeddings, "embedding", sp_group)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.word_embeddings(tokens)
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype = torch.float32,
+                 sp_group=None):
         super().__init__()
+        self.sp_group = sp_group
         hd = cfg.head_dim
         self.head_dim = hd
         self.q_per_group = cfg.q_per_group
@@ -114,6 +122,9 @@ class SelfAttention(nn.Module):
             cfg.heads * hd, cfg.hidden, config=mp, init_method=_no_init, bias=False,
             input_is_parallel=True, skip_bias_add=False, tp_group=_tp_group(),
         )
+        if sp_group is not None:
+            sp.install(self.linear_qkv, "column", sp_group)
+            sp.install(self.linear_proj, "row", sp_group)
 
     def split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Local fused QKV output [b, s, groups*(qpg+2)*hd] -> q [b, s, groups*qpg, hd], k, v
@@ -125,8 +136,10 @@ class SelfAttention(nn.Module):
         return q, mixed[:, :, :, qpg], mixed[:, :, :, qpg + 1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
         mixed, _ = self.linear_qkv(x)
+        if self.sp_group is not None:  # [s/tp, b, h] was gathered to [s, b, local]: batch first
+            mixed = mixed.transpose(0, 1).contiguous()
+        b, s, _ = mixed.shape
         q, k, v = self.split_qkv(mixed)
         q = _rope(self.q_layernorm(q).transpose(1, 2), ROPE_THETA)
         k = _rope(self.k_layernorm(k).transpose(1, 2), ROPE_THETA)
@@ -134,12 +147,15 @@ class SelfAttention(nn.Module):
         k = k.repeat_interleave(self.q_per_group, dim=1)
         v = v.repeat_interleave(self.q_per_group, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, s, hd]
+        if self.sp_group is not None:  # [s, b, heads*hd], reduce-scattered to [s/tp, b, h]
+            out, _ = self.linear_proj(out.permute(2, 0, 1, 3).reshape(s, b, -1))
+            return out
         out, _ = self.linear_proj(out.transpose(1, 2).reshape(b, s, -1))
         return out
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, sp_group=None):
         super().__init__()
         self.linear_fc1 = ColumnParallelLinear(
             cfg.hidden, 2 * cfg.ffn, config=mp, init_method=_no_init, bias=False, gather_output=False,
@@ -149,6 +165,9 @@ class MLP(nn.Module):
             cfg.ffn, cfg.hidden, config=mp, init_method=_no_init, bias=False,
             input_is_parallel=True, skip_bias_add=False, tp_group=_tp_group(),
         )
+        if sp_group is not None:
+            sp.install(self.linear_fc1, "column", sp_group)
+            sp.install(self.linear_fc2, "row", sp_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, _ = self.linear_fc1(x)  # local rows interleaved: 2i gate_i, 2i+1 up_i
@@ -157,12 +176,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype, sp_group=None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
-        self.self_attention = SelfAttention(cfg, mp, tp, dtype)
+        self.self_attention = SelfAttention(cfg, mp, tp, dtype, sp_group)
         self.pre_mlp_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
-        self.mlp = MLP(cfg, mp)
+        self.mlp = MLP(cfg, mp, sp_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attention(self.input_layernorm(x))
@@ -194,9 +213,9 @@ class Decoder(nn.Module):
     The model has no dropout, so the recomputed forward is the same computation, bit for bit."""
 
     def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype,
-                 recompute: bool = False):
+                 recompute: bool = False, sp_group=None):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg, mp, tp, dtype) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, mp, tp, dtype, sp_group) for _ in range(cfg.num_layers))
         self.final_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
         self.recompute = recompute
 
@@ -214,14 +233,18 @@ class Qwen3Model(nn.Module):
 
     ``forward(tokens [b, s], labels [b, s] | None)`` returns the mean cross-entropy over all
     b*s tokens of this rank's micro-batch (identical on all TP ranks), or the vocab-parallel
-    logits ``[b, s, vocab/tp]`` when ``labels`` is None.
+    logits ``[b, s, vocab/tp]`` when ``labels`` is None. ``sequence_parallel`` (with TP only, as
+    in Megatron) splits the residual stream over the sequence (`canzona.model.sequence_parallel`).
     """
 
     def __init__(self, cfg: ModelConfig, tp: int, tp_rank: int, dtype: torch.dtype = torch.float32,
-                 recompute: bool = False):
+                 recompute: bool = False, sequence_parallel: bool = False):
         super().__init__()
         check_tp(cfg, tp)
         self.cfg, self.tp, self.tp_rank = cfg, tp, tp_rank
+        self.sequence_parallel = sequence_parallel and tp > 1
+        sp_group = _tp_group() if self.sequence_parallel else None
+        self.sp_group = sp_group
         mp = ModelParallelConfig(
             tensor_model_parallel_size=tp,
             use_cpu_initialization=True,
@@ -230,14 +253,16 @@ class Qwen3Model(nn.Module):
             sequence_parallel=False,
             gradient_accumulation_fusion=False,
         )
-        self.embedding = Embedding(cfg, mp)
-        self.decoder = Decoder(cfg, mp, tp, dtype, recompute)
+        self.embedding = Embedding(cfg, mp, sp_group)
+        self.decoder = Decoder(cfg, mp, tp, dtype, recompute, sp_group)
         # Tied: no weight of its own; forward passes the embedding's [vocab/tp, hidden] shard.
         self.output_layer = ColumnParallelLinear(
             cfg.hidden, cfg.vocab, config=mp, init_method=_no_init, bias=False, gather_output=False,
             skip_weight_param_allocation=cfg.tied_embeddings, tp_group=_tp_group(),
         )
-        self._specs = build_inventory(cfg)
+        if sp_group is not None:
+            sp.install(self.output_layer, "column", sp_group)
+        self._specs = build_inventory(cfg, sequence_parallel=self.sequence_parallel)
         names = [n for n, _ in self.named_parameters()]
         if names != [s.name for s in self._specs]:
             raise AssertionError(f"parameter names {names} differ from the inventory")
@@ -257,6 +282,10 @@ class Qwen3Model(nn.Module):
         h = self.decoder(self.embedding(tokens))
         weight = self.embedding.word_embeddings.weight if self.cfg.tied_embeddings else None
         logits, _ = self.output_layer(h, weight=weight)
+        if self.sp_group is not None:  # [s/tp, b, h] was gathered to [s, b, vocab/tp]: the loss in [s, b]
+            if labels is None:
+                return logits.transpose(0, 1)
+            return vocab_parallel_cross_entropy(logits.float(), labels.t().contiguous()).mean()
         if labels is None:
             return logits
         # vocab_parallel_cross_entropy subtracts the max from fp32 logits in place; fine here.
@@ -264,15 +293,17 @@ class Qwen3Model(nn.Module):
 
 
 def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu", seed: int = 0,
-                dtype: torch.dtype = torch.float32, init: bool = True, recompute: bool = False) -> Qwen3Model:
+                dtype: torch.dtype = torch.float32, init: bool = True, recompute: bool = False,
+                sequence_parallel: bool = False) -> Qwen3Model:
     """Build this rank's shard of the model with parameters (and so activations) in ``dtype``;
     Megatron's TP groups must already exist (``canzona.model.parallel.init_parallel``). Values are
     TP-independent (``init_shard``, rounded to ``dtype``). ``init=False`` leaves them as the layers
     made them: for fake tensors (the dry run), whose values do not exist, drawing them is wasted time.
-    ``recompute``: recompute each decoder layer's activations in backward (`Decoder`)."""
+    ``recompute``: recompute each decoder layer's activations in backward (`Decoder`);
+    ``sequence_parallel``: Megatron's sequence parallelism (with TP; `Qwen3Model`)."""
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    model = Qwen3Model(cfg, tp, tp_rank, dtype, recompute)
+    model = Qwen3Model(cfg, tp, tp_rank, dtype, recompute, sequence_parallel)
     if not init:
         return _move_params(model, torch.device(device))
     with torch.no_grad():

@@ -36,7 +36,8 @@ def common_inputs(cfg: TrialConfig) -> tuple[list[ParamSpec], BufferLayout, dict
     come from the model `costs_from` set, else from `canzona.cost.select_cost_model` for the
     device the config runs on here."""
     mcfg = cfg.model_cfg()
-    params = build_inventory(mcfg, split_fused=cfg.model.split_fused, matrix_embeddings=cfg.model.matrix_embeddings)
+    params = build_inventory(mcfg, split_fused=cfg.model.split_fused, matrix_embeddings=cfg.model.matrix_embeddings,
+                             sequence_parallel=cfg.sequence_parallel)
     layout = build_layout(params, dp=cfg.parallel.dp, tp=cfg.parallel.tp, bucket_size=cfg.bucket_size())
     model = _MODEL.get()
     if model is None:

@@ -5,9 +5,18 @@ micro_batch·seq_len tokens, plus attention; backward twice that. Seconds come f
 `PassTiming` (fixed + per layer + flops / rate). With TP, Megatron's activation all-reduces of
 b·s·hidden (2 per layer and 1 for the embedding forward, 2 per layer and 1 for the output layer
 backward, 3 small ones in the vocab-parallel cross-entropy, 2 q/k-norm grad all-reduces per
-layer in the hooks) sit on the critical path. The backward is walked in reverse registration
-order so the simulator knows when each gradient lands in its bucket; with ``train.recompute=full``
-each layer's forward (its TP all-reduces included) runs again before its gradients.
+layer in the hooks) sit on the critical path. With ``parallel.sequence_parallel`` each of those
+activation all-reduces is Megatron's sequence-parallel pair instead: forward, an all-gather of
+b·s·hidden entering each column-parallel linear (qkv, fc1, output layer) and a reduce-scatter
+leaving each row-parallel one (proj, fc2) and the embedding; backward, each column-parallel
+linear gathers its input again (for the weight gradient) and reduce-scatters its input
+gradient, each row-parallel linear all-gathers its output gradient, the embedding's gradient is
+all-gathered; the norms' partial gradients are all-reduced over TP in the hooks. All of it is
+counted on the critical path (Megatron overlaps the backward's re-gather and reduce-scatter in
+part with the weight-gradient GEMM: an upper bound). The backward is walked in reverse
+registration order so the simulator knows when each gradient lands in its bucket; with
+``train.recompute=full`` each layer's forward (its TP collectives included) runs again before
+its gradients.
 """
 
 from __future__ import annotations
@@ -76,7 +85,19 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
     act = tokens * mcfg.hidden * prof.activation_bytes
     ar_act = prof.collective("all_reduce", act, tp_ranks) if tp > 1 else 0.0
     ar_small = prof.collective("all_reduce", tokens * BYTES, tp_ranks) if tp > 1 else 0.0
-    ar_norm = prof.collective("all_reduce", mcfg.head_dim * BYTES, tp_ranks) if tp > 1 else 0.0
+    if cfg.sequence_parallel:  # tp > 1
+        ag, rs = prof.collective("all_gather", act, tp_ranks), prof.collective("reduce_scatter", act, tp_ranks)
+        # where plain TP all-reduces. Forward: (embedding, layer, head); backward: (head, qkv,
+        # proj, fc1, fc2, embedding)
+        fwd_tp = (rs, 2 * (ag + rs), ag + 3 * ar_small)
+        bwd_tp = (ag + rs, ag + rs, ag, ag + rs, ag, ag)
+    else:
+        fwd_tp = (ar_act, 2 * ar_act, 3 * ar_small)
+        bwd_tp = (ar_act, ar_act, 0.0, ar_act, 0.0, 0.0)
+    bwd_head, bwd_qkv, bwd_proj, bwd_fc1, bwd_fc2, bwd_emb = bwd_tp
+
+    def ar_partial(i: int) -> float:  # a replicated param's partial gradient summed over TP
+        return prof.collective("all_reduce", params[i].local_numel(tp) * BYTES, tp_ranks)
 
     def hook(i: int) -> float:
         return prof.copy(HOOK_COPY_FACTOR * BYTES * params[i].local_numel(tp))
@@ -85,9 +106,8 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
     by_layer: dict[int | None, list[int]] = {}
     for i, p in enumerate(params):
         by_layer.setdefault(p.layer, []).append(i)
-    # Megatron's forward all-reduces: the vocab-parallel embedding's, two per layer (attention
-    # and MLP outputs), the cross-entropy's three small ones in the head
-    fwd_tp = (ar_act, 2 * ar_act, 3 * ar_small)
+    # Megatron's forward all-reduces (fwd_tp above): the vocab-parallel embedding's, two per layer
+    # (attention and MLP outputs), the cross-entropy's three small ones in the head
     fwd_units = _forward_units(by_layer, params, forward_s, tp, tokens, attn_layer, fwd_flops, fwd_tp)
     # train.recompute=full: each layer's forward (with its TP all-reduces) runs again in backward,
     # just before that layer's gradients
@@ -95,9 +115,10 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
     top = [i for i in by_layer.get(None, []) if not params[i].name.startswith("embedding.")]
     emb = [i for i in by_layer.get(None, []) if params[i].name.startswith("embedding.")]
     # loss + output layer (dgrad and wgrad, then its input-grad all-reduce), final norm
-    head_s = bw.fixed_s + 4.0 * tokens * head_elems / bw.flops_per_s + ar_act
+    head_s = bw.fixed_s + 4.0 * tokens * head_elems / bw.flops_per_s + bwd_head
     for i in sorted(top, reverse=True):
-        units.append((head_s + hook(i), (i,)))
+        partial = ar_partial(i) if params[i].tp_grad_allreduce and tp > 1 else 0.0  # sequence-parallel final norm
+        units.append((head_s + hook(i) + partial, (i,)))
         head_s = 0.0
     if head_s:
         units.append((head_s, ()))
@@ -109,14 +130,18 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
             if is_matmul(i):
                 sec += 4.0 * tokens * p.local_numel(tp) / bw.flops_per_s
             if p.name.endswith("linear_qkv.weight"):
-                sec += 2.0 * attn_layer / bw.flops_per_s + ar_act  # attention core; qkv input grad
+                sec += 2.0 * attn_layer / bw.flops_per_s + bwd_qkv  # attention core; qkv input grad
             elif p.name.endswith("linear_fc1.weight"):
-                sec += ar_act  # fc1 input grad
+                sec += bwd_fc1  # fc1 input grad
+            elif p.name.endswith("linear_proj.weight"):
+                sec += bwd_proj
+            elif p.name.endswith("linear_fc2.weight"):
+                sec += bwd_fc2
             if p.tp_grad_allreduce and tp > 1:
-                sec += ar_norm
+                sec += ar_partial(i)
             units.append((sec, (i,)))
     for i in emb:
-        units.append((prof.copy(BYTES * tokens * mcfg.hidden) + hook(i), (i,)))
+        units.append((prof.copy(BYTES * tokens * mcfg.hidden) + bwd_emb + hook(i), (i,)))
     return ModelWork(forward_s, tuple(units), fwd_units, fwd_flops, tokens)
 
 

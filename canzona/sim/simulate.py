@@ -86,11 +86,17 @@ def assumptions(cfg: TrialConfig, prof: Profile, scale: float, step_scale: float
         "backward twice that, at the profile's rate plus fixed and per-layer overheads; "
         + (f"{cfg.train.grad_accum} micro-batches per iteration (gradient accumulation)" if cfg.train.grad_accum > 1
            else "one micro-batch per iteration (no gradient accumulation)")
-        + ", no pipeline or sequence parallelism, "
-        + ("full activation recomputation (each layer's forward, TP all-reduces included, again in backward)"
+        + ", no pipeline parallelism, "
+        + ("full activation recomputation (each layer's forward, TP collectives included, again in backward)"
            if cfg.train.recompute == "full" else "no activation recomputation"),
-        f"Megatron TP all-reduces of b·s·hidden {prof.model_dtype} activations: 2 per layer + 1 embedding forward, "
-        "2 per layer + 1 output layer backward, 3 small cross-entropy all-reduces",
+        (f"Megatron sequence parallelism: b·s·hidden {prof.model_dtype} activations all-gathered into each "
+         "column-parallel linear and reduce-scattered out of each row-parallel one (forward: 2 + 2 per layer, "
+         "embedding reduce-scatter, output-layer all-gather; backward: the column-parallel inputs gathered again, "
+         "4 all-gathers + 2 reduce-scatters per layer), 3 small cross-entropy all-reduces, the norms' partial "
+         "gradients all-reduced over TP; all on the critical path (Megatron hides part of the backward's behind "
+         "the weight-gradient GEMMs)") if cfg.sequence_parallel else
+        (f"Megatron TP all-reduces of b·s·hidden {prof.model_dtype} activations: 2 per layer + 1 embedding forward, "
+         "2 per layer + 1 output layer backward, 3 small cross-entropy all-reduces; no sequence parallelism"),
     ]
     if ex is not None:
         out += [

@@ -58,7 +58,8 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
         metrics = count_programs(plan, programs)
         dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
         model = build_model(cfg.model_cfg(), device=ctx.device, seed=cfg.train.seed, dtype=dtype,
-                            recompute=cfg.train.recompute == "full")
+                            recompute=cfg.train.recompute == "full",
+                            sequence_parallel=cfg.sequence_parallel)
         runtime = Runtime(model, plan, programs[ctx.rank], cfg.optimizer, ctx)
         rows = train_steps(cfg, runtime, ctx, float(metrics.compute[ctx.dp_rank, ctx.tp_rank]))
         peak_mb = peak_memory_mb(ctx.device)

@@ -97,6 +97,27 @@ def test_recompute_keeps_only_layer_inputs(tmp_path: Path) -> None:
     assert per_layer["none"] > 5 * layer_input
 
 
+def test_sequence_parallel_keeps_a_tp_slice_of_each_layer_input(tmp_path: Path) -> None:
+    """parallel.sequence_parallel on fake CUDA tensors (the rank's code on NCCL's rules): the same
+    long-lived memory and matching calls; with full recomputation each decoder layer keeps only
+    its TP rank's slice of its input (Megatron's sequence parallelism), and without it the forward
+    keeps less than plain TP does."""
+    forward = {}
+    for spv, rc in (("true", "full"), ("true", "none"), ("false", "none")):
+        for layers in (2, 4):
+            cfg = load_config([*SMALL, "method=canzona", "train.seq_len=512", f"model.num_layers={layers}",
+                               f"train.recompute={rc}", f"parallel.sequence_parallel={spv}"])
+            report = dry_run_trial(cfg, "first", tmp_path / f"{spv}{rc}{layers}")
+            _check_against_plan(cfg, report, [0])
+            phases = {(p["iteration"], p["phase"]): p["bytes"] for p in report["ranks"][0]["memory"]["phase_peaks"]}
+            forward[spv, rc, layers] = phases[2, "forward"] - phases[2, "input"]
+    cfg = load_config([*SMALL, "train.seq_len=512"])
+    slice_ = cfg.train.micro_batch * 512 * cfg.model_cfg().hidden * 2 // cfg.parallel.tp
+    per_layer = {k: (forward[(*k, 4)] - forward[(*k, 2)]) / 2 for k in (("true", "full"), ("true", "none"), ("false", "none"))}
+    assert slice_ <= per_layer["true", "full"] <= 1.1 * slice_
+    assert per_layer["true", "none"] < per_layer["false", "none"]
+
+
 def _cli(tmp_path: Path, *args: str, plant: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "CANZONA_DRYRUN_SETUP"}
     if plant:

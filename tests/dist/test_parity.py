@@ -255,6 +255,24 @@ def test_another_tokenizer_and_tied_output_layer_train_as_single_process(tmp_pat
     assert _global_rel(got["dp2"], got["single"]) <= 1e-5
 
 
+@pytest.mark.parametrize("method,extra", [("canzona", []), ("sync", []), ("canzona", ["train.recompute=full"])])
+def test_sequence_parallel_trains_as_single_process(tmp_path, reference_params, method: str, extra: list[str]) -> None:
+    """parallel.sequence_parallel over dp=2 x tp=2: the residual stream split over the sequence,
+    all-gathers and reduce-scatters in place of the TP all-reduces, the norms' partial gradients
+    summed over TP; within the training-parity bound of the single process, the executor's calls
+    those of its program."""
+    from canzona.config import load_config
+    from canzona.run import run_trial
+
+    cfg = load_config([*MODEL, "train.steps=3", "train.warmup=0", "train.micro_batch=2", "parallel.dp=2",
+                       "parallel.tp=2", "parallel.sequence_parallel=true", f"method={method}", "optimizer=muon",
+                       *extra, f"save_params={tmp_path}/p.pt"])
+    summary = run_trial(cfg, tmp_path)
+    assert summary["program_check"]["ok"]
+    err = _global_rel(torch.load(tmp_path / "p.pt"), reference_params["muon"])
+    assert err <= 1e-5, f"{method} {extra}: relative L2 difference {err:.2e}"
+
+
 # ------------------------------------------------------------------ bf16 training parity
 BF16_MODEL = [m for m in MODEL if not m.startswith("train.dtype")] + ["train.dtype=bf16"]
 

@@ -18,6 +18,7 @@ from canzona.errors import ConfigError
 from canzona.inventory import QWEN3, ParamSpec, build_inventory, model_config, total_params
 from canzona.plan import dp as dpmod
 from canzona.plan.buckets import build_layout
+from canzona.plan.common import common_inputs
 from canzona.plan.critical_path import critical_path
 from canzona.plan.methods import make_plan
 from canzona.plan.tp import ROUND_SLACK, MicroGroup, schedule
@@ -105,6 +106,20 @@ def test_tying_the_output_layer_removes_it_and_shows_in_the_name() -> None:
 def test_bad_vocabulary_is_a_one_line_error(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(["model=qwen3-8b", override])
+
+
+def test_sequence_parallel_makes_the_hidden_norms_gradients_partial() -> None:
+    """With sequence parallelism a TP rank's norms see only its slice of the sequence: their
+    gradients are summed over TP like the q/k norms'; the plan says so, and only with TP."""
+    partial = {p.name.split(".")[-2] for p in common_inputs(load_config(
+        ["model=qwen3-0.6b", "model.num_layers=2", "parallel.tp=2", "parallel.sequence_parallel=true"]))[0]
+        if p.tp_grad_allreduce}
+    assert partial == {"input_layernorm", "q_layernorm", "k_layernorm", "pre_mlp_layernorm", "final_layernorm"}
+    for extra in (["parallel.tp=2"], ["parallel.sequence_parallel=true"]):
+        cfg = load_config(["model=qwen3-0.6b", "model.num_layers=2", *extra])
+        assert {p.name.split(".")[-2] for p in common_inputs(cfg)[0] if p.tp_grad_allreduce} == {"q_layernorm", "k_layernorm"}
+    with pytest.raises(ConfigError, match="parallel.tp=4 must divide train.seq_len=130"):
+        load_config(["model=qwen3-0.6b", "parallel.tp=4", "parallel.sequence_parallel=true", "train.seq_len=130"])
 
 
 # ---------------------------------------------------------------- layout
@@ -454,7 +469,7 @@ def test_cli_json() -> None:
         (["model=qwen3-70b"], "qwen3-0.6b"),
         (["method=zero3"], "canzona, sync, layerwise, adamw"),
         (["optimizer=lion"], "muon"),
-        (["parallel.dpp=2"], "allowed under parallel: dp, tp"),
+        (["parallel.dpp=2"], "allowed under parallel: dp, sequence_parallel, tp"),
         (["model=qwen3-8b", "parallel.tp=16"], "kv_heads"),
         (["--yaml"], "--json"),
     ],

@@ -180,6 +180,38 @@ def test_forward_tp_all_reduces_sit_in_their_units() -> None:
     assert len(fwd) == len(tp_s)
 
 
+def test_sequence_parallel_trades_each_tp_all_reduce_for_a_gather_and_a_scatter() -> None:
+    """parallel.sequence_parallel: forward, 2 all-gathers + 2 reduce-scatters per layer, the
+    embedding's reduce-scatter and the output layer's all-gather; backward adds the column-parallel
+    inputs' re-gathers (4 all-gathers + 2 reduce-scatters per layer) and the norms' partial
+    gradients; the walk and its buckets stay. At TP 1 it is ignored, as Megatron ignores it."""
+    from canzona.sim.model import model_work
+
+    prof = load_profile("h100")
+    works, cfgs = {}, {}
+    for spv in ("false", "true"):
+        cfg = cfgs[spv] = load_config(TINY + ["model.num_layers=3", "parallel.tp=2", "method=canzona",
+                                              f"parallel.sequence_parallel={spv}"])
+        works[spv] = model_work(cfg, make_plan(cfg, device="cuda"), prof, [0, 1])
+    plain, sp = works["false"], works["true"]
+    act = plain.tokens * cfgs["true"].model_cfg().hidden * prof.activation_bytes
+    ag, rs = prof.collective("all_gather", act, [0, 1]), prof.collective("reduce_scatter", act, [0, 1])
+    small = prof.collective("all_reduce", plain.tokens * 4, [0, 1])
+    assert sp.tp_forward_s == pytest.approx(3 * 2 * (ag + rs) + rs + ag + 3 * small)
+    assert [d for _, d in sp.backward_units] == [d for _, d in plain.backward_units]
+    hidden_norms = 2 * 3 + 1
+    norm = prof.collective("all_reduce", cfgs["true"].model_cfg().hidden * 4, [0, 1])
+    ar = prof.collective("all_reduce", act, [0, 1])
+    extra = sum(s for s, _ in sp.backward_units) - sum(s for s, _ in plain.backward_units)
+    # per layer 4 AG + 2 RS against 2 AR; head AG + RS against AR; embedding AG; 7 norms
+    assert extra == pytest.approx(3 * (4 * ag + 2 * rs - 2 * ar) + (ag + rs - ar) + ag + hidden_norms * norm)
+    assert any("sequence parallelism: b·s·hidden" in a for a in project(cfgs["true"], prof)["assumptions"])
+    one = load_config(TINY + ["model.num_layers=3", "method=canzona", "parallel.sequence_parallel=true"])
+    assert not one.sequence_parallel
+    assert model_work(one, make_plan(one, device="cuda"), prof, [0]) == model_work(
+        load_config(TINY + ["model.num_layers=3", "method=canzona"]), make_plan(one, device="cuda"), prof, [0])
+
+
 def test_recompute_runs_each_layer_forward_again_in_backward() -> None:
     """train.recompute=full: the backward walk gains each layer's forward (its TP all-reduces
     included) just before that layer's gradients; nothing else changes."""

@@ -106,8 +106,8 @@ def test_qwen3_scaling_paper_profile_is_full_size_on_up_to_256_gpus():
 def test_qwen3_scaling_paper_authors_profile_is_paper_projection_at_the_authors_settings():
     """The authors' launch script (Megatron-Canzona scripts/canzona/train.sh): sequence 2048,
     micro-batch 8, DDP buckets of 4e8 elements, its global batch of 128 where DP allows it (DP 8:
-    2 micro-batches), GPT-2's tokenizer and tied output layers; every other value and every trial
-    as in paper_projection."""
+    2 micro-batches), GPT-2's tokenizer, tied output layers and sequence parallelism; every other
+    value and every trial as in paper_projection."""
     authors = shipped("sweep=qwen3_scaling", "profile=paper_authors")
     base = shipped("sweep=qwen3_scaling", "profile=paper_projection")
     assert authors.settings.cluster == "simulate"
@@ -117,6 +117,7 @@ def test_qwen3_scaling_paper_authors_profile_is_paper_projection_at_the_authors_
         dp, accum = a.cfg.parallel.dp, a.cfg.train.grad_accum
         assert accum == max(1, 128 // (8 * dp)) and b.cfg.train.grad_accum == 1
         mc = a.cfg.model_cfg()
+        assert a.cfg.parallel.sequence_parallel and not b.cfg.parallel.sequence_parallel
         assert mc.tied_embeddings and mc.vocab == -(-50257 // (128 * a.cfg.parallel.tp)) * 128 * a.cfg.parallel.tp
         a_dict, b_dict = a.cfg.to_dict(), b.cfg.to_dict()
         for d in (a_dict, b_dict):
@@ -125,6 +126,7 @@ def test_qwen3_scaling_paper_authors_profile_is_paper_projection_at_the_authors_
             d["bucket"].pop("size")
             for key in ("vocab", "tied_embeddings"):
                 d["model"].pop(key)
+            d["parallel"].pop("sequence_parallel")
         assert a_dict == b_dict
 
 

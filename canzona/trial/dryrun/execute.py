@@ -95,7 +95,8 @@ def _run(cfg: TrialConfig, rank: int, ctx) -> dict[str, Any]:
     with FakeTensorMode() as mode, DeviceFunctions(), observer:
         with ledger.phase("build"):
             model = build_model(mcfg, device=ctx.device, seed=cfg.train.seed, dtype=dtype, init=False,
-                                recompute=cfg.train.recompute == "full")
+                                recompute=cfg.train.recompute == "full",
+                                sequence_parallel=cfg.sequence_parallel)
         seconds["build"] = time.perf_counter() - t0
         runtime = Runtime(model, plan, program, cfg.optimizer, ctx)
         for role, tensors in runtime.tensors_by_role().items():
