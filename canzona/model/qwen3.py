@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from canzona.inventory import ModelConfig, ParamSpec, build_inventory, check_tp
+from canzona.model import fused
 from canzona.model import sequence_parallel as sp
 
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed" x4 on import
@@ -66,7 +67,8 @@ _INIT_CHUNK_ELEMS = 1 << 22
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim, computed in fp32, weight initialised to ones."""
+    """RMSNorm over the last dim, computed in fp32, weight initialised to ones; keeps for backward
+    what Transformer Engine's fused RMSNorm keeps (`canzona.model.fused`)."""
 
     def __init__(self, dim: int, eps: float = NORM_EPS, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -74,9 +76,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * xf).to(x.dtype)
+        return fused.rms_norm(x, self.weight, self.eps)
 
 
 def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
@@ -171,7 +171,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, _ = self.linear_fc1(x)  # local rows interleaved: 2i gate_i, 2i+1 up_i
-        out, _ = self.linear_fc2(F.silu(h[..., 0::2]) * h[..., 1::2])
+        out, _ = self.linear_fc2(fused.swiglu(h))
         return out
 
 
