@@ -96,11 +96,12 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
         bwd_tp = (ar_act, ar_act, 0.0, ar_act, 0.0, 0.0)
     bwd_head, bwd_qkv, bwd_proj, bwd_fc1, bwd_fc2, bwd_emb = bwd_tp
 
-    def ar_partial(i: int) -> float:  # a replicated param's partial gradient summed over TP
-        return prof.collective("all_reduce", params[i].local_numel(tp) * BYTES, tp_ranks)
-
     def hook(i: int) -> float:
-        return prof.copy(HOOK_COPY_FACTOR * BYTES * params[i].local_numel(tp))
+        """The gradient hook: the copy into the buffer, and a replicated param's partial gradient
+        (q/k norms; every norm with sequence parallelism) summed over TP first."""
+        n = params[i].local_numel(tp)
+        partial = prof.collective("all_reduce", n * BYTES, tp_ranks) if params[i].tp_grad_allreduce and tp > 1 else 0.0
+        return prof.copy(HOOK_COPY_FACTOR * BYTES * n) + partial
 
     units: list[tuple[float, tuple[int, ...]]] = []
     by_layer: dict[int | None, list[int]] = {}
@@ -117,8 +118,7 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
     # loss + output layer (dgrad and wgrad, then its input-grad all-reduce), final norm
     head_s = bw.fixed_s + 4.0 * tokens * head_elems / bw.flops_per_s + bwd_head
     for i in sorted(top, reverse=True):
-        partial = ar_partial(i) if params[i].tp_grad_allreduce and tp > 1 else 0.0  # sequence-parallel final norm
-        units.append((head_s + hook(i) + partial, (i,)))
+        units.append((head_s + hook(i), (i,)))
         head_s = 0.0
     if head_s:
         units.append((head_s, ()))
@@ -137,8 +137,6 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
                 sec += bwd_proj
             elif p.name.endswith("linear_fc2.weight"):
                 sec += bwd_fc2
-            if p.tp_grad_allreduce and tp > 1:
-                sec += ar_partial(i)
             units.append((sec, (i,)))
     for i in emb:
         units.append((prof.copy(BYTES * tokens * mcfg.hidden) + bwd_emb + hook(i), (i,)))
