@@ -233,12 +233,27 @@ def _trial_row(t: TrialRecords) -> dict[str, Any]:
     flat.update(flatten(cfg))
     for k, v in flat.items():
         row[k] = v
-    # defaults the tables group by, so a trial without config still has the columns
-    row.setdefault("method", None)
+    # the method as tables name it (a preset, else "<dp>+<tp>") and its rung on the authors'
+    # ladder; records written before methods were DP x TP pairs hold the preset in "method"
+    row["method"], row["rung"] = method_of(row)
     row.setdefault("optimizer.name", None)
     row["parallel.dp"] = _first(row.get("parallel.dp"), world.get("dp"))
     row["parallel.tp"] = _first(row.get("parallel.tp"), world.get("tp"))
     return row
+
+
+def method_of(row: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(label, rung) of a flattened config row."""
+    from canzona.plan import registry
+
+    dp, tp = row.get("method.dp"), row.get("method.tp")
+    if dp in registry.DP_STRATEGIES and tp in registry.TP_STRATEGIES:
+        return registry.label(dp, tp), registry.rung(dp, tp)
+    old = row.get("method")
+    if old in registry.PRESETS:
+        p = registry.PRESETS[old]
+        return old, registry.rung(p.dp, p.tp)
+    return (old if isinstance(old, str) else None), None
 
 
 def planned_loads(t: TrialRecords) -> pd.DataFrame:

@@ -40,16 +40,16 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import Sweep, planned_loads
-from canzona.plan.methods import METHODS as REGISTERED_METHODS
+from canzona.plan.registry import METHOD_ORDER
 from canzona.records import PHASES
 
-METHODS = tuple(REGISTERED_METHODS)  # the method registry's order: canzona first, then the baselines
-BASELINES = ("sync", "layerwise")
+METHODS = METHOD_ORDER  # the presets' order: canzona first, then the baselines, the reference last
+BASELINES = ("atomic", "sync", "layerwise")
 METRICS = ("iteration_ms", "optimizer_step_ms")
 POINT_BASE = ("model", "optimizer.name", "parallel.dp", "parallel.tp")
 # config values that never split a point: identity, seeds, paths, test hooks, model (in `model`)
 NOT_POINT = {
-    "method", "out", "save_params", "train.seed", "train.fail_on_rank", "train.fail_at_step",
+    "method", "method.name", "method.dp", "method.tp", "rung", "out", "save_params", "train.seed", "train.fail_on_rank", "train.fail_at_step",
     "model.name", "model.width_div", "model.num_layers", "model.vocab", "model.tied_embeddings", "dist.timeout_s",
 }
 METHOD_SPECIFIC = {

@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     points: dict[tuple[str, str], dict[str, object]] = defaultdict(dict)
     for t in plan.trials:
-        if t.cfg.method in METHODS and t.cfg.optimizer.name in ("muon", "adamw"):
-            points[(t.axes["size"], t.axes["layout"])][t.cfg.method] = t.cfg
+        if t.cfg.method.label in METHODS and t.cfg.optimizer.name in ("muon", "adamw"):
+            points[(t.axes["size"], t.axes["layout"])][t.cfg.method.label] = t.cfg
     rows = []
     print(f"{'point':22s} {'comm max':>9s} {'transfer':>9s} {'critical':>9s} {'wire':>6s} {'exposed sync':>13s} {'iter vs sync':>13s}")
     for (size, layout), trials in points.items():

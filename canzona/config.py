@@ -19,7 +19,7 @@ from canzona.inventory import ModelConfig, check_tp, model_config_of
 from canzona.optim import registry as optimizers
 from canzona.optim.section import OptimizerSection
 from canzona.overrides import Arguments, build, split_argv
-from canzona.plan.methods import METHODS
+from canzona.plan import registry as methods
 
 OPTIMIZERS = optimizers.NAMES
 GROUPINGS = ("rounds", "global", "slot", "single", "none")
@@ -42,6 +42,27 @@ class ModelSection:
     tied_embeddings: bool | None = None
     split_fused: bool = False
     matrix_embeddings: bool = False
+
+
+@dataclass
+class MethodSection:
+    """A method is a DP strategy and a TP strategy (`canzona.plan.registry`). ``method=NAME``
+    (``method.name``) is a preset that sets both; ``method.dp`` / ``method.tp`` given beside it
+    win. A validated config has both filled in, and ``name`` only when the pair is a preset's."""
+
+    name: str | None = "canzona"
+    dp: str | None = None  # ddp | zero1_atomic | balanced | layerwise | zero1
+    tp: str | None = None  # duplicated | async | async_balanced | local
+
+    @property
+    def label(self) -> str:
+        """What tables and folder names call the method: the preset, else ``<dp>+<tp>``."""
+        return self.name or f"{self.dp}+{self.tp}"
+
+    @property
+    def rung(self) -> str | None:
+        """The authors' ablation-ladder name of the pair (``1_0-0_0``), if it is on the ladder."""
+        return methods.rung(str(self.dp), str(self.tp))
 
 
 @dataclass
@@ -138,7 +159,7 @@ class TrainSection:
 class TrialConfig:
     model: ModelSection = field(default_factory=ModelSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
-    method: str = "canzona"
+    method: MethodSection = field(default_factory=MethodSection)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     canzona: CanzonaSection = field(default_factory=CanzonaSection)
     bucket: BucketSection = field(default_factory=BucketSection)
@@ -168,7 +189,7 @@ class TrialConfig:
 
 
 # Shorthands accepted on the command line for convenience: `model=qwen3-8b optimizer=soap`.
-SHORTHANDS = {"model": "model.name", "optimizer": "optimizer.name"}
+SHORTHANDS = {"model": "model.name", "optimizer": "optimizer.name", "method": "method.name"}
 
 
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -178,8 +199,9 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 def validate(cfg: TrialConfig) -> TrialConfig:
     """Check every value and the layout; raise ConfigError with a one-line message."""
-    _choice("method", cfg.method, METHODS)
     optimizers.check_settings(cfg.optimizer)  # name, choices and bounds of every optimizer.* key
+    m = cfg.method
+    m.name, m.dp, m.tp = methods.resolve(m.name, m.dp, m.tp)
     _choice("canzona.cost", cfg.canzona.cost, COSTS)
     _choice("canzona.grouping", cfg.canzona.grouping, GROUPINGS)
     _choice("canzona.dp_variant", cfg.canzona.dp_variant, ("minmax", "snap"))
@@ -205,6 +227,7 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     if cfg.train.steps < 1 or cfg.train.warmup < 0:
         raise ConfigError(f"train.steps={cfg.train.steps} must be >= 1 and train.warmup={cfg.train.warmup} >= 0")
     check_tp(cfg.model_cfg(), cfg.parallel.tp)
+    methods.check(m.dp, m.tp, optimizers.get(cfg.optimizer.name).matrix, cfg.parallel.tp)
     if cfg.sequence_parallel and cfg.train.seq_len % cfg.parallel.tp:
         raise ConfigError(f"parallel.sequence_parallel=true splits the sequence over TP: parallel.tp={cfg.parallel.tp} "
                           f"must divide train.seq_len={cfg.train.seq_len}")

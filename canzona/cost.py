@@ -218,7 +218,9 @@ def select_cost_model(cfg: Any, device: str, *, profile: Any = None, threads: in
     cores shared by the ranks of one local trial). ``log`` hears the cache's path.
     """
     kind = cfg.canzona.cost
-    optimizer = "adamw" if cfg.method == "adamw" else cfg.optimizer.name
+    from canzona.plan.registry import elementwise_only
+
+    optimizer = "adamw" if elementwise_only(cfg.method.dp) else cfg.optimizer.name
     if kind == "auto":
         kind = "measured" if device_here(device) or cfg.canzona.measured_profile else "roofline"
     measured_here = kind == "measured" and not cfg.canzona.measured_profile

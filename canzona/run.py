@@ -39,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.out:
             raise ConfigError("out=DIR is required: where the trial writes its records")
         from canzona.cost import NumelCost
-        from canzona.plan.methods import make_plan
+        from canzona.plan.methods import plan_inputs
 
-        # the layout check only: the costs are chosen where the trial plans (the local launcher,
-        # or rank 0 of an external launch), so the ranks of a launch never calibrate each
-        make_plan(cfg, device="cuda" if cfg.dist.dry_run else None, cost_model=NumelCost())
+        # the layout check only, no plan: the trial plans once, where its costs are chosen (the
+        # local launcher, or rank 0 of an external launch, which hands the plan to every rank)
+        plan_inputs(cfg, NumelCost())
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if summary is not None:
         print(
-            f"{cfg.method} {cfg.optimizer.name} dp={cfg.parallel.dp} tp={cfg.parallel.tp}: "
+            f"{cfg.method.label} {cfg.optimizer.name} dp={cfg.parallel.dp} tp={cfg.parallel.tp}: "
             f"iteration {summary['iteration_ms_median']:.1f} ms, optimizer step {summary['optimizer_step_ms_median']:.1f} ms "
             f"(median of {cfg.train.steps}); records in {out}"
         )

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import canzona.optim.adamw as adamw
+import canzona.optim.muon as muon
+import canzona.optim.shampoo as shampoo
+import canzona.optim.soap as soap
 from canzona.errors import ConfigError
-from canzona.optim import adamw, muon, shampoo, soap
 from canzona.optim.rule import OptimizerDef, Option, Settings, UpdateRule
 
 REGISTERED: tuple[OptimizerDef, ...] = (muon.OPTIMIZER, shampoo.OPTIMIZER, soap.OPTIMIZER, adamw.OPTIMIZER)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from canzona.optim import kronecker
+import canzona.optim.kronecker as kronecker
 from canzona.optim.adamw import BETAS, EPS
 from canzona.optim.kronecker import EIGH_FLOPS_FACTOR, KroneckerRule, cube_sum, is_refresh_step
 from canzona.optim.rule import Option, Settings

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from canzona.optim import kronecker
+import canzona.optim.kronecker as kronecker
 from canzona.optim.adamw import BETAS, EPS
 from canzona.optim.kronecker import (
     POWER_QR_FLOPS_FACTOR,

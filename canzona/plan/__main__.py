@@ -46,8 +46,13 @@ def plan_json(plan: Plan, metrics: PlanMetrics, path: CriticalPath) -> dict:
                     "cost": share,
                 }
             )
+    from canzona.plan.registry import rung
+
     return {
         "method": plan.method,
+        "method_dp": plan.dp_strategy,
+        "method_tp": plan.tp_strategy,
+        "rung": rung(plan.dp_strategy, plan.tp_strategy),
         "cost_model": plan.cost_model,
         "cost_source": plan.cost_source,
         "dp": plan.dp,
@@ -83,7 +88,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 def render_table(cfg: TrialConfig, plan: Plan, m: PlanMetrics, path: CriticalPath) -> str:
     groups = sorted(len(g) for g in plan.micro_groups)
     lines = [
-        f"{cfg.model_cfg().name}  method={plan.method}  optimizer={cfg.optimizer.name}  dp={plan.dp} tp={plan.tp}  "
+        f"{cfg.model_cfg().name}  method={plan.method} (dp {plan.dp_strategy}, tp {plan.tp_strategy}"
+        + (f", the authors' {cfg.method.rung}" if cfg.method.rung else "") + f")  optimizer={cfg.optimizer.name}  dp={plan.dp} tp={plan.tp}  "
         f"cost={plan.cost_model}  buckets={len(plan.layout.buckets)}  planned in {plan.plan_seconds * 1e3:.1f} ms",
         f"costs: {plan.cost_source}",
         f"imbalance: compute {m.compute_imbalance:.3f}  memory {m.memory_imbalance:.3f}  "

@@ -1,39 +1,53 @@
-"""The method registry: every method is one planner module with ``NAME``, ``SUMMARY`` and
-``plan(cfg) -> Plan`` (pure, rank-independent). Adding a method: write the module, list it in
-`_MODULES`. Nothing downstream branches on method names: the plan says what runs.
+"""From a trial's config to its plan: the one place that reads `TrialConfig` for planning.
+
+`plan_inputs` turns the config and a cost model into the planners' plain inputs (shapes,
+buffer layout, one cost per param, the strategies' settings); `make_plan` picks the cost model
+(which may time missing shapes into this machine's calibration cache first -- never inside a
+planner), composes the method's DP and TP strategies (`canzona.plan.compose`) and attaches the
+trial's execution settings. With the same cost model the plan is identical on every process.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from baselines import layerwise, sync
-from canzona.cost import select_cost_model
-from canzona.plan import method_adamw, method_canzona
-from canzona.plan.common import costs_from
-from canzona.plan.types import Execution, Plan
+from canzona.config import TrialConfig
+from canzona.inventory import build_inventory
+from canzona.optim import registry as optimizers
+from canzona.plan.buckets import build_layout
+from canzona.plan.compose import compose
+from canzona.plan.types import Execution, Plan, PlanInputs, PlanSettings
 
 if TYPE_CHECKING:
-    from canzona.config import TrialConfig
     from canzona.cost import CostModel
 
-_MODULES = (method_canzona, sync, layerwise, method_adamw)
-METHODS: dict[str, object] = {m.NAME: m for m in _MODULES}
+
+def plan_settings(cfg: TrialConfig) -> PlanSettings:
+    c = cfg.canzona
+    return PlanSettings(c.alpha, c.dp_variant, c.grouping, c.capacity, cfg.dist.sync_variant)
+
+
+def plan_inputs(cfg: TrialConfig, cost_model: CostModel) -> PlanInputs:
+    """The planners' inputs for ``cfg`` with ``cost_model``'s costs (raises `ConfigError` on a
+    layout the model cannot take)."""
+    params = tuple(build_inventory(cfg.model_cfg(), split_fused=cfg.model.split_fused,
+                                   matrix_embeddings=cfg.model.matrix_embeddings,
+                                   sequence_parallel=cfg.sequence_parallel))
+    layout = build_layout(list(params), dp=cfg.parallel.dp, tp=cfg.parallel.tp, bucket_size=cfg.bucket_size())
+    cost = {i: cost_model.cost(p) for i, p in enumerate(params)}
+    return PlanInputs(params, layout, cost, cost_model.name, optimizers.get(cfg.optimizer.name).matrix,
+                      plan_settings(cfg))
 
 
 def make_plan(cfg: TrialConfig, device: str | None = None, cost_model: CostModel | None = None) -> Plan:
     """Plan one trial for a device kind (``cpu``/``cuda``; default: what ``dist.device`` means
     on this machine) with ``cost_model`` (default: `canzona.cost.select_cost_model`'s for that
-    device, which may time missing shapes into this machine's calibration cache first). With the
-    same cost model the result is identical on every rank and process."""
+    device)."""
+    from canzona.cost import select_cost_model
     from canzona.devices import trial_device
 
     device = device or trial_device(cfg)
     model = cost_model or select_cost_model(cfg, device)
-    t0 = time.perf_counter()  # planning time: the calibration above is not part of it
-    ex = Execution.from_config(cfg, device)
-    with costs_from(model):
-        plan = METHODS[cfg.method].plan(cfg)
-    return replace(plan, execution=ex, cost_source=model.source, plan_seconds=time.perf_counter() - t0)
+    plan = compose(plan_inputs(cfg, model), cfg.method.dp, cfg.method.tp)
+    return replace(plan, execution=Execution.from_config(cfg, device), cost_source=model.source)

@@ -43,9 +43,63 @@ class Execution:
                    cfg.dist.overlap_param_gather, cfg.optimizer.clip_grad, device, cfg.train.grad_accum)
 
 
+class _Sized:
+    """DP and TP sizes of anything holding a buffer ``layout``."""
+
+    layout: BufferLayout
+
+    @property
+    def dp(self) -> int:
+        return self.layout.dp
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+
 @dataclass(frozen=True)
-class Plan:
-    method: str
+class PlanSettings:
+    """The strategies' own knobs (from ``canzona.*`` and ``dist.sync_variant``), nothing else."""
+
+    alpha: float = 1.0  # balanced: 1 balances the optimizer's cost, 0 the shards' elements
+    dp_variant: str = "minmax"  # balanced: exact per-bucket min-max split, or the paper's snap
+    grouping: str = "rounds"  # async_balanced: how TP micro-groups are formed (`canzona.plan.tp`)
+    capacity: float = 0.125  # async_balanced: a group's most per TP rank, fraction of the ideal
+    sync_variant: str = "all_reduce"  # ddp: all-reduce, or reduce-scatter + all-gather of gradients
+
+
+@dataclass(frozen=True)
+class PlanInputs(_Sized):
+    """Everything a planner reads: shapes, the buffer layout, one cost per param and the
+    strategies' settings. Built from a trial's config by `canzona.plan.methods.plan_inputs`; the
+    planners never see the config, a cost model or a clock."""
+
+    params: tuple[ParamSpec, ...]
+    layout: BufferLayout
+    cost: dict[int, float]  # inventory index -> full-tensor update cost
+    cost_model: str  # the cost model's name (measured, roofline, flops, numel)
+    matrix_optimizer: bool  # the optimizer has a matrix rule (muon, shampoo, soap; not adamw)
+    settings: PlanSettings = PlanSettings()
+
+
+@dataclass(frozen=True)
+class DpLayout:
+    """What a DP strategy decides (one candidate of it)."""
+
+    grad_reduce: GradReduce
+    param_sync: ParamSync
+    # per bucket, each DP rank's (start, end) range of the buffer; None: no shards (all-reduce)
+    shard_ranges: tuple[tuple[tuple[int, int], ...], ...] | None
+    # inventory index -> DP rank computing its update; None: every DP rank (ddp) or split
+    # elementwise over the shards (zero1)
+    dp_owner: tuple[int | None, ...]
+    # TP owners a joint DP x TP balance chose, for a TP strategy that takes them
+    tp_hint: dict[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Plan(_Sized):
+    method: str  # the method's label: a preset's name (canzona, atomic, ...) or "<dp>+<tp>"
     params: tuple[ParamSpec, ...]
     layout: BufferLayout
     cost: dict[int, float]  # inventory index -> full-tensor update cost
@@ -72,14 +126,8 @@ class Plan:
     # Where the costs came from (`canzona.cost`): "measured: <calibration cache> (host, device,
     # torch, date)", "roofline: profiles/h100.yaml", ...
     cost_source: str = ""
-
-    @property
-    def dp(self) -> int:
-        return self.layout.dp
-
-    @property
-    def tp(self) -> int:
-        return self.layout.tp
+    dp_strategy: str = ""  # `canzona.plan.registry.DP_STRATEGIES` name
+    tp_strategy: str = ""  # `canzona.plan.registry.TP_STRATEGIES` name
 
     @property
     def every_rank_updates_all(self) -> bool:

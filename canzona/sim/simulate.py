@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         res.pop("steps")
         print(json.dumps(res, indent=2, default=str))
         return 0
-    print(f"{cfg.method} {cfg.optimizer.name} {cfg.model.name} dp={cfg.parallel.dp} tp={cfg.parallel.tp} on {profile} "
+    print(f"{cfg.method.label} {cfg.optimizer.name} {cfg.model.name} dp={cfg.parallel.dp} tp={cfg.parallel.tp} on {profile} "
           f"(projected): iteration {res['iteration_ms']:.1f} ms, optimizer step {res['optimizer_step_ms']:.2f} ms, "
           f"param sync {res['param_sync_ms']:.2f} ms")
     print("  phases (max over ranks, ms): " + ", ".join(f"{k} {v:.2f}" for k, v in res["phases_ms"].items() if v))

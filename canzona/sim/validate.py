@@ -91,7 +91,7 @@ def compare(trial_dir: str | Path, profile: Any) -> dict[str, Any]:
     pred = project(cfg, prof, events="none")
     rec = summary.get("plan") or {}
     row: dict[str, Any] = {
-        "trial": trial_dir.name, "method": cfg.method, "optimizer": cfg.optimizer.name,
+        "trial": trial_dir.name, "method": cfg.method.label, "optimizer": cfg.optimizer.name,
         "model": cfg.model_cfg().name, "dp": cfg.parallel.dp, "tp": cfg.parallel.tp,
         "dp_collective": cfg.dist.dp_collective, "profile": prof.name,
         "plan_matches": _same_plan(rec, pred["plan"]),

@@ -184,7 +184,7 @@ def summary_table(results_dir: Path, runs: list[Any], max_rows: int = 24, width:
     else:
         groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
         for r in recs:
-            groups[(r[0].cfg.method, r[0].cfg.optimizer.name)].append(r)
+            groups[(r[0].cfg.method.label, r[0].cfg.optimizer.name)].append(r)
         rows = []
         for (method, opt), rs in groups.items():
             opt_ms = [m for m in (_metric(r[2], "optimizer_step_ms_median") for r in rs) if m is not None]

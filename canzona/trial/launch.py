@@ -43,8 +43,8 @@ def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
     mp.set_forkserver_preload(["canzona.executor.runtime", "canzona.model.qwen3"])
     _forkserver_imports_this_checkout()
     rules = os.environ.get(dist_rules.ENV, "")
-    ctx = mp.start_processes(
-        _spawned_rank, args=(cfg.to_dict(), str(out), free_port(), world, rules), nprocs=world, join=False,
+    ctx = mp.start_processes(  # the plan travels to the ranks as it is: the trial plans once
+        _spawned_rank, args=(cfg.to_dict(), plan, str(out), free_port(), world, rules), nprocs=world, join=False,
         start_method=start_method,
     )
     while not ctx.join():  # raises ProcessRaisedException / ProcessExitedException, killing the rest
@@ -59,13 +59,14 @@ def _forkserver_imports_this_checkout() -> None:
     os.environ["PYTHONPATH"] = pythonpath_with_checkout(os.environ.get("PYTHONPATH"))
 
 
-def _spawned_rank(local_rank: int, cfg_dict: dict[str, Any], out: str, port: int, world: int, rules: str) -> None:
+def _spawned_rank(local_rank: int, cfg_dict: dict[str, Any], plan: Any, out: str, port: int, world: int,
+                  rules: str) -> None:
     from canzona import dist_rules
 
     launch = LaunchEnv(local_rank, world, local_rank, world, LOCAL_ADDR, port)
     os.environ.update({**launch.exports(), dist_rules.ENV: rules})
     cfg = load_config(base=cfg_dict)
-    run_rank(cfg, Path(out), local_world=world)
+    run_rank(cfg, Path(out), local_world=world, plan=plan)
 
 
 def run_rank_from_env(cfg: TrialConfig, out: Path) -> dict[str, Any] | None:

@@ -29,8 +29,10 @@ def device_kind(cfg: TrialConfig) -> str:
     return want
 
 
-def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | None:
-    """Run this process's rank of the trial; rank 0 writes the records and returns the summary."""
+def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) -> dict[str, Any] | None:
+    """Run this process's rank of the trial; rank 0 writes the records and returns the summary.
+    ``plan``: the trial's plan, made by the local launcher; None under an external launch, where
+    rank 0 plans and hands its plan to every rank."""
     import torch
     import torch.distributed as dist
 
@@ -38,10 +40,9 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
     from canzona.executor.runtime import Runtime
     from canzona.model.parallel import destroy_parallel, init_parallel
     from canzona.model.qwen3 import build_model, full_state_dict
-    from canzona.plan.methods import make_plan
     from canzona.program.count import count_programs
     from canzona.program.lower import lower
-    from canzona.trial.costs import shared_cost_model
+    from canzona.trial.costs import shared_plan
     from canzona.trial.output import atomic_torch_save, write_records
     from canzona.trial.summary import peak_memory_mb, program_check, summarise
 
@@ -51,9 +52,8 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int) -> dict[str, Any] | 
     kind = device_kind(cfg)
     ctx = init_parallel(cfg.parallel.tp, kind, cfg.dist.timeout_s)
     try:
-        # rank 0's costs on every rank (its calibration, broadcast): every rank plans alike
-        costs = shared_cost_model(cfg, kind, ctx.rank, torch.get_num_threads())
-        plan = make_plan(cfg, device=kind, cost_model=costs)
+        if plan is None:  # rank 0's plan (its calibration, its costs) on every rank
+            plan = shared_plan(cfg, kind, ctx.rank, torch.get_num_threads())
         programs = lower(plan)
         metrics = count_programs(plan, programs)
         dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32

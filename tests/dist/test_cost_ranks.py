@@ -1,4 +1,4 @@
-"""Under an external launch every rank plans with rank 0's costs, even when another rank's
+"""Under an external launch every rank runs rank 0's plan, made with its costs, even when another rank's
 calibration cache holds other numbers (another node, another cache): `canzona.trial.costs`."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _ranks_plan(rank: int, world: int, dirs: list[str]) -> dict[str, Any]:
     import torch.distributed as dist
 
     from canzona.plan.methods import make_plan
-    from canzona.trial.costs import shared_cost_model
+    from canzona.trial.costs import shared_plan
 
     os.environ[cache.ENV] = dirs[rank]
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -33,10 +33,10 @@ def _ranks_plan(rank: int, world: int, dirs: list[str]) -> dict[str, Any]:
     def owners(plan) -> tuple:
         return plan.shard_ranges, plan.dp_owner, plan.tp_owner
 
-    shared = make_plan(cfg, "cpu", shared_cost_model(cfg, "cpu", rank, 1))
+    shared = shared_plan(cfg, "cpu", rank, 1)
     alone = make_plan(cfg, "cpu")  # what this rank would plan from its own cache
     try:  # rank 0's failure reaches every rank (nobody waits at the broadcast for it)
-        shared_cost_model(load_config([*ARGS, "canzona.cost=roofline", "canzona.cost_profile=h900"]), "cpu", rank, 1)
+        shared_plan(load_config([*ARGS, "canzona.cost=roofline", "canzona.cost_profile=h900"]), "cpu", rank, 1)
         failure = None
     except Exception as e:  # noqa: BLE001
         failure = f"{type(e).__name__}: {e}"

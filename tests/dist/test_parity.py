@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 MODEL = ["model=qwen3-8b", "model.width_div=64", "model.num_layers=2", "train.seed=7", "train.dtype=fp32"]
 # TP=4 needs a vocabulary divisible by 4: width/32.
 STEP_MODEL = ["model=qwen3-8b", "model.width_div=32", "model.num_layers=2", "train.seed=7", "train.dtype=fp32"]
-METHODS = ["canzona", "sync", "layerwise", "adamw"]
+METHODS = ["canzona", "atomic", "sync", "layerwise", "adamw"]
 OPTIMIZERS = ["muon", "shampoo", "soap", "adamw"]
 LAYOUTS = {"dp2": (2, 1), "tp2": (1, 2), "dp2tp2": (2, 2)}
 WIDE_LAYOUTS = {"dp4": (4, 1), "tp4": (1, 4), "dp2tp4": (2, 4)}  # uneven and empty shards, 4-way TP
@@ -47,12 +47,28 @@ def _local(full: torch.Tensor, spec, tp: int, tp_rank: int) -> torch.Tensor:
     return full.chunk(tp, dim=spec.tp_dim)[tp_rank].contiguous()
 
 
-def _combos(wide: bool = False) -> list[tuple[str, str, list[str]]]:
+def _pairs(tp: int) -> list[tuple[str, str, list[str]]]:
+    """Every DP x TP strategy pair that runs with Muon (at TP 1 the TP strategy does nothing:
+    one per DP strategy), besides the presets."""
+    from canzona.plan.registry import DP_STRATEGIES, PRESETS, TP_STRATEGIES
+
+    presets = {(p.dp, p.tp) for p in PRESETS.values()}
+    out = []
+    for d in DP_STRATEGIES:
+        for t in TP_STRATEGIES if tp > 1 else ["duplicated"]:
+            if d == "zero1" or t == "local" or (d, t) in presets:
+                continue  # zero1 and local are elementwise only: the adamw preset covers them
+            out.append(("canzona", "muon", [f"method.dp={d}", f"method.tp={t}"]))
+    return out
+
+
+def _combos(wide: bool = False, tp: int = 1) -> list[tuple[str, str, list[str]]]:
+    pairs = _pairs(tp)
     if wide:
         combos = [(m, "muon" if m != "adamw" else "adamw", []) for m in METHODS]
         combos += [("canzona", "shampoo", []), ("canzona", "soap", []), ("sync", "muon", ["dist.sync_variant=zero1_gather"])]
         combos += [("canzona", "muon", [f"dist.dp_collective={c}"]) for c in ("padded", "reduce_loop", "coalesced", "all_to_all")]
-        return combos
+        return combos + pairs
     combos = [(m, o, []) for m in METHODS for o in OPTIMIZERS if not (m == "adamw" and o != "adamw")]
     combos += [
         ("canzona", "muon", ["model.split_fused=true"]),
@@ -68,7 +84,7 @@ def _combos(wide: bool = False) -> list[tuple[str, str, list[str]]]:
         ("canzona", "muon", ["optimizer.clip_grad=0"]),
         ("adamw", "adamw", ["optimizer.clip_grad=1e9"]),
     ]
-    return combos
+    return combos + pairs
 
 
 def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> dict:
@@ -84,7 +100,7 @@ def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> 
 
     ctx = init_parallel(tp, "gloo", 60.0)
     results = {}
-    for method, optimizer, extra in _combos(wide):
+    for method, optimizer, extra in _combos(wide, tp):
         cfg = load_config([*STEP_MODEL, f"parallel.dp={dp}", f"parallel.tp={tp}", f"method={method}",
                            f"optimizer={optimizer}", *extra])
         plan = make_plan(cfg, device="cpu")
@@ -129,18 +145,19 @@ def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> 
             "moved": any(not torch.equal(got[n], w) for n, w in init_full_state_dict(mcfg, cfg.train.seed).items()),
             "replicas_equal": all(torch.equal(r, replicas[0]) for r in replicas),
             "owners": sorted(set(matrices)),
+            "pair": (cfg.method.dp, cfg.method.tp),
             "recorded": recorded_ok,
         }
     return results
 
 
-def _expected_owners(key: str, dp: int, tp: int) -> list[int]:
-    """How many ranks compute each matrix: canzona one, layerwise its DP owner's TP ranks, sync
-    every rank; adamw none (no matrix rule)."""
-    method, optimizer = key.split()[:2]
-    if method == "adamw" or optimizer == "adamw":
+def _expected_owners(pair: tuple[str, str], optimizer: str, dp: int, tp: int) -> list[int]:
+    """How many ranks compute each matrix: every DP rank under ddp, else one; every TP rank under
+    duplicated TP, else one (an owner per matrix); none without a matrix rule (zero1, adamw)."""
+    d, t = pair
+    if d == "zero1" or optimizer == "adamw":
         return []
-    return [{"canzona": 1, "layerwise": tp, "sync": dp * tp}[method]]
+    return [(dp if d == "ddp" else 1) * (tp if t == "duplicated" else 1)]
 
 
 @pytest.fixture(scope="module", params=[*LAYOUTS, *WIDE_LAYOUTS])
@@ -154,7 +171,7 @@ def layout_results(request):
 
 def test_step_parity_every_method_optimizer(layout_results) -> None:
     layout, _, _, results = layout_results
-    assert len(results) == len(_combos(layout in WIDE_LAYOUTS))
+    assert len(results) == len(_combos(layout in WIDE_LAYOUTS, {**LAYOUTS, **WIDE_LAYOUTS}[layout][1]))
     failures = []
     for key, r in results.items():
         if not (r["exact"] and r["moved"] and r["replicas_equal"]):
@@ -166,7 +183,7 @@ def test_step_parity_every_method_optimizer(layout_results) -> None:
 def test_every_matrix_owned_as_the_method_says(layout_results) -> None:
     layout, dp, tp, results = layout_results
     for key, r in results.items():
-        assert r["owners"] == _expected_owners(key, dp, tp), f"{layout} {key}: owner counts {r['owners']}"
+        assert r["owners"] == _expected_owners(r["pair"], key.split()[1], dp, tp), f"{layout} {key}: owners {r['owners']}"
 
 
 def test_executor_makes_the_calls_its_program_lists(layout_results) -> None:

@@ -56,7 +56,7 @@ def test_paper_profile_projection_end_to_end(tmp_path: Path) -> None:
     # at 32B, DP 32 x TP 8, canzona's faster ranks wait in the forward for the gathers of peers still
     # in their step; the report keeps that wait apart from the parameter sync's communication
     big = [json.loads(p.read_text()) for p in rd.glob("*/summary.json")]
-    big = [s for s in big if s["config"]["method"] == "canzona" and s["config"]["model"]["name"] == "qwen3-32b"
+    big = [s for s in big if s["config"]["method"]["name"] == "canzona" and s["config"]["model"]["name"] == "qwen3-32b"
            and s["world"]["tp"] == 8 and s["config"]["optimizer"]["name"] == "muon"]
     assert len(big) == 1 and big[0]["param_sync_peer_ms_mean"] > 0
     assert big[0]["param_sync_transfer_ms"] < big[0]["param_sync_ms"]

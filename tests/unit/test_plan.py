@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 from canzona.calibrate.cache import ENV as CACHE_ENV
 from canzona.config import load_config
+from canzona.cost import NumelCost
 from canzona.errors import ConfigError
 from canzona.inventory import QWEN3, ParamSpec, build_inventory, model_config, total_params
 from canzona.plan import dp as dpmod
 from canzona.plan.buckets import build_layout
-from canzona.plan.common import common_inputs
 from canzona.plan.critical_path import critical_path
-from canzona.plan.methods import make_plan
+from canzona.plan.methods import make_plan, plan_inputs
 from canzona.plan.tp import ROUND_SLACK, MicroGroup, schedule
 from canzona.program.count import compute_metrics
 
@@ -111,13 +111,14 @@ def test_bad_vocabulary_is_a_one_line_error(override: str, message: str) -> None
 def test_sequence_parallel_makes_the_hidden_norms_gradients_partial() -> None:
     """With sequence parallelism a TP rank's norms see only its slice of the sequence: their
     gradients are summed over TP like the q/k norms'; the plan says so, and only with TP."""
-    partial = {p.name.split(".")[-2] for p in common_inputs(load_config(
-        ["model=qwen3-0.6b", "model.num_layers=2", "parallel.tp=2", "parallel.sequence_parallel=true"]))[0]
+    partial = {p.name.split(".")[-2] for p in plan_inputs(load_config(
+        ["model=qwen3-0.6b", "model.num_layers=2", "parallel.tp=2", "parallel.sequence_parallel=true"]),
+        NumelCost()).params
         if p.tp_grad_allreduce}
     assert partial == {"input_layernorm", "q_layernorm", "k_layernorm", "pre_mlp_layernorm", "final_layernorm"}
     for extra in (["parallel.tp=2"], ["parallel.sequence_parallel=true"]):
         cfg = load_config(["model=qwen3-0.6b", "model.num_layers=2", *extra])
-        assert {p.name.split(".")[-2] for p in common_inputs(cfg)[0] if p.tp_grad_allreduce} == {"q_layernorm", "k_layernorm"}
+        assert {p.name.split(".")[-2] for p in plan_inputs(cfg, NumelCost()).params if p.tp_grad_allreduce} == {"q_layernorm", "k_layernorm"}
     with pytest.raises(ConfigError, match="parallel.tp=4 must divide train.seq_len=130"):
         load_config(["model=qwen3-0.6b", "parallel.tp=4", "parallel.sequence_parallel=true", "train.seq_len=130"])
 

@@ -90,7 +90,7 @@ def test_simulate_sweep_projects_records_and_reports(tmp_path: Path) -> None:
         s = json.loads((d / "summary.json").read_text())
         assert s["projected"] is True and s["profile"]["name"] == "h100" and s["assumptions"]
         assert s["config"]["train"]["seq_len"] == 4096  # the paper profile's setting
-        summaries[(s["config"]["method"], s["world"]["world_size"])] = s
+        summaries[(s["config"]["method"]["name"], s["world"]["world_size"])] = s
     manifest = json.loads((rd / "sweep.json").read_text())
     assert manifest["projected"] is True and manifest["sim_profile"]["name"] == "h100"
     assert yaml.safe_load((rd / "profile.yaml").read_text())["name"] == "h100"
@@ -198,7 +198,7 @@ def test_a_failing_projection_is_recorded_and_the_sweep_goes_on(tmp_path: Path, 
     real = sim.write_trial
 
     def flaky(cfg, profile, out):
-        if cfg.method == "sync":
+        if cfg.method.label == "sync":
             raise RuntimeError("simulated failure")
         return real(cfg, profile, out)
 

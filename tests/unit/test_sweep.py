@@ -72,13 +72,13 @@ def test_shipped_sweeps_listed():
 def test_qwen3_scaling_local_profile_fits_a_small_machine():
     p = shipped("sweep=qwen3_scaling")
     assert p.profile == "local" and p.settings.cluster == "local"
-    methods = {t.cfg.method for t in p.trials}
+    methods = {t.cfg.method.label for t in p.trials}
     assert methods == {"canzona", "sync", "layerwise", "adamw"}
     for t in p.trials:
         c = t.cfg
         assert c.world_size <= 4 and c.dist.threads_per_rank == 1 and c.dist.device == "cpu"
         assert c.model.width_div > 1 and c.model.num_layers <= 4
-        assert (c.optimizer.name == "adamw") == (c.method == "adamw")
+        assert (c.optimizer.name == "adamw") == (c.method.label == "adamw")
     opts = {t.cfg.optimizer.name for t in p.trials}
     assert {"muon", "shampoo", "soap", "adamw"} <= opts
     # decisive: every trial repeated, interleaved, so the report's intervals see run-to-run spread
@@ -105,17 +105,17 @@ def test_qwen3_scaling_paper_profile_is_full_size_on_up_to_256_gpus():
 
 def test_qwen3_scaling_paper_authors_profile_is_paper_projection_at_the_authors_settings():
     """The authors' launch script (Megatron-Canzona scripts/canzona/train.sh): sequence 2048,
-    micro-batch 8, DDP buckets of 4e8 elements, its global batch of 128 where DP allows it (DP 8:
-    2 micro-batches), GPT-2's tokenizer, tied output layers and sequence parallelism; every other
-    value and every trial as in paper_projection."""
+    DDP buckets of 4e8 elements, its global batch of 128 at every DP size (micro-batch 8 with 2
+    micro-batches at DP 8, 8 at DP 16, 4 at DP 32, 2 at DP 64), GPT-2's tokenizer, tied output
+    layers and sequence parallelism; every other value and every trial as in paper_projection."""
     authors = shipped("sweep=qwen3_scaling", "profile=paper_authors")
     base = shipped("sweep=qwen3_scaling", "profile=paper_projection")
     assert authors.settings.cluster == "simulate"
     assert [t.axes for t in authors.trials] == [t.axes for t in base.trials]
     for a, b in zip(authors.trials, base.trials):
-        assert (a.cfg.train.seq_len, a.cfg.train.micro_batch, a.cfg.bucket.size) == (2048, 8, 400_000_000)
-        dp, accum = a.cfg.parallel.dp, a.cfg.train.grad_accum
-        assert accum == max(1, 128 // (8 * dp)) and b.cfg.train.grad_accum == 1
+        assert (a.cfg.train.seq_len, a.cfg.bucket.size) == (2048, 400_000_000)
+        dp, accum, micro = a.cfg.parallel.dp, a.cfg.train.grad_accum, a.cfg.train.micro_batch
+        assert dp * accum * micro == 128 and micro <= 8 and b.cfg.train.grad_accum == 1
         mc = a.cfg.model_cfg()
         assert a.cfg.parallel.sequence_parallel and not b.cfg.parallel.sequence_parallel
         assert mc.tied_embeddings and mc.vocab == -(-50257 // (128 * a.cfg.parallel.tp)) * 128 * a.cfg.parallel.tp
@@ -140,18 +140,18 @@ def test_every_trial_rebuilds_from_its_overrides():
 def test_grid_exclude_include_rules_and_dedup(tmp_path):
     d = write_sweep(tmp_path, MINI)
     p = plan("sweep=mini", configs_dir=d)
-    combos = {(t.cfg.method, t.cfg.optimizer.name, t.cfg.parallel.dp, t.cfg.parallel.tp) for t in p.trials}
+    combos = {(t.cfg.method.label, t.cfg.optimizer.name, t.cfg.parallel.dp, t.cfg.parallel.tp) for t in p.trials}
     assert ("sync", "muon", 1, 2) not in combos  # excluded
     assert ("layerwise", "shampoo", 2, 1) in combos  # included
     # adamw x {muon, soap} collapses to one trial per layout (the rule sets the optimizer)
-    assert sum(t.cfg.method == "adamw" for t in p.trials) == 2
+    assert sum(t.cfg.method.label == "adamw" for t in p.trials) == 2
     # canzona 2x2 + sync 2x1 + adamw 2 + include 1
     assert len(p.trials) == 4 + 2 + 2 + 1
-    inc = next(t for t in p.trials if t.cfg.method == "layerwise")
+    inc = next(t for t in p.trials if t.cfg.method.label == "layerwise")
     assert inc.cfg.train.seed == 7
     assert all(t.cfg.train.steps == 2 for t in p.trials)
     assert len({t.id for t in p.trials}) == len(p.trials)
-    adamw = next(t for t in p.trials if t.cfg.method == "adamw")
+    adamw = next(t for t in p.trials if t.cfg.method.label == "adamw")
     assert adamw.axes["optimizer.name"] == "adamw"  # labels show what the rules made
 
 
@@ -160,7 +160,7 @@ def test_trial_overrides_and_axis_selection(tmp_path):
     p = plan("sweep=mini", "train.steps=3", "canzona.alpha=0.5", configs_dir=d)
     assert all(t.cfg.train.steps == 3 and t.cfg.canzona.alpha == 0.5 for t in p.trials)
     p = plan("sweep=mini", "method=canzona,sync", "layout=dp2", configs_dir=d)
-    assert {(t.cfg.method, t.cfg.parallel.dp) for t in p.trials} == {("canzona", 2), ("sync", 2)}
+    assert {(t.cfg.method.label, t.cfg.parallel.dp) for t in p.trials} == {("canzona", 2), ("sync", 2)}
     # a new value for a scalar axis replaces the axis; the include (layerwise) is filtered out
     p = plan("sweep=mini", "optimizer=shampoo", "method=canzona", configs_dir=d)
     assert {t.cfg.optimizer.name for t in p.trials} == {"shampoo"} and len(p.trials) == 2
@@ -246,7 +246,7 @@ def test_bad_sweep_files(tmp_path):
     with pytest.raises(ConfigError, match="exclude key 'size' is not an axis"):
         plan("sweep=badex", configs_dir=d)
     d = write_sweep(tmp_path, "grid: {method: [canzona, sync]}\nexclude: [{method: synk}]\n", "exvalue")
-    with pytest.raises(ConfigError, match="method='synk' is not a value of axis method; allowed: canzona, sync"):
+    with pytest.raises(ConfigError, match="method.name='synk' is not a value of axis method.name; allowed: canzona, sync"):
         plan("sweep=exvalue", configs_dir=d)
 
 

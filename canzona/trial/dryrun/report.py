@@ -76,7 +76,7 @@ def build_report(cfg, ranks: list[dict[str, Any]], errors: list[str], matching: 
             )
     return {
         "trial": {
-            "model": cfg.model.name, "method": cfg.method, "optimizer": cfg.optimizer.name, "dp": cfg.parallel.dp,
+            "model": cfg.model.name, "method": cfg.method.label, "optimizer": cfg.optimizer.name, "dp": cfg.parallel.dp,
             "tp": cfg.parallel.tp, "world": cfg.world_size, "micro_batch": cfg.train.micro_batch,
             "seq_len": cfg.train.seq_len, "dp_collective": cfg.dist.dp_collective,
         },

@@ -1,0 +1,90 @@
+"""The method registry: DP strategies, TP strategies and the presets that name a pair of them.
+
+A method is one DP strategy and one TP strategy (``method.dp=NAME method.tp=NAME``), or a preset
+``method=NAME`` that sets both (an explicit ``method.dp`` / ``method.tp`` beside it wins). Adding
+a strategy: write one module with the interface of its kind (`canzona.plan.types`: ``NAME``,
+``SUMMARY``, ``RUNG``, and ``candidates`` for DP, ``MODE`` and ``groups`` for TP)
+and list it below. Nothing downstream branches on names: the `Plan` says what runs.
+
+The authors' ablation ladder (Megatron-Canzona's README, ``muon-dp8-{DPasync}_{DPbal}-tp4-
+{TPasync}_{TPbal}``) names a pair by its rungs: ``rung("zero1_atomic", "duplicated")`` is
+``1_0-0_0``. Strategies that are not on it (``layerwise``, ``zero1``, ``local``) have no rung.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from baselines import ddp, duplicated, layerwise, zero1_atomic
+from canzona.errors import ConfigError
+from canzona.plan.strategies import async_balanced, async_groups, balanced, local, zero1
+
+DP_STRATEGIES: dict[str, Any] = {m.NAME: m for m in (ddp, zero1_atomic, balanced, layerwise, zero1)}
+TP_STRATEGIES: dict[str, Any] = {m.NAME: m for m in (duplicated, async_groups, async_balanced, local)}
+
+
+class Preset(NamedTuple):
+    dp: str
+    tp: str
+    summary: str
+
+
+PRESETS: dict[str, Preset] = {
+    "canzona": Preset("balanced", "async_balanced", "Canzona: cost-balanced DP shards, balanced TP micro-group pipeline"),
+    "sync": Preset("ddp", "duplicated", "fully synchronous: every rank reduces every gradient and computes every update"),
+    "layerwise": Preset("layerwise", "duplicated", "Megatron-LM's layer-wise optimizer: whole params by LPT on numel"),
+    "adamw": Preset("zero1", "local", "the reference: Megatron's ZeRO-1 with AdamW everywhere"),
+    "atomic": Preset("zero1_atomic", "duplicated", "the authors' default Muon run: whole-tensor ZeRO-1, TP sync"),
+}
+# Presets in the order tables list them (the reference last).
+METHOD_ORDER = ("canzona", "atomic", "sync", "layerwise", "adamw")
+
+
+def label(dp: str, tp: str) -> str:
+    """The name a method shows: its preset's, else ``<dp>+<tp>``."""
+    for name, p in PRESETS.items():
+        if (p.dp, p.tp) == (dp, tp):
+            return name
+    return f"{dp}+{tp}"
+
+
+def rung(dp: str, tp: str) -> str | None:
+    """The authors' ladder name of a pair (``1_0-1_0``), None when either is not on the ladder."""
+    a, b = DP_STRATEGIES[dp].RUNG, TP_STRATEGIES[tp].RUNG
+    return f"{a}-{b}" if a and b else None
+
+
+def elementwise_only(dp: str) -> bool:
+    """The DP strategy updates every param elementwise, whatever the optimizer (``zero1``)."""
+    return bool(DP_STRATEGIES[dp].ELEMENTWISE_ONLY)
+
+
+def resolve(name: str | None, dp: str | None, tp: str | None) -> tuple[str | None, str, str]:
+    """(preset, dp, tp) from what was given: the preset fills in what ``method.dp`` / ``method.tp``
+    leave out; the result's preset is the one whose pair it is (None for other pairs)."""
+    if name is not None and name not in PRESETS:
+        raise ConfigError(f"method={name!r} is not a preset; choose one of: {', '.join(PRESETS)} "
+                          f"(or give method.dp and method.tp)")
+    preset = PRESETS[name] if name is not None else None
+    dp = dp if dp is not None else (preset.dp if preset else None)
+    tp = tp if tp is not None else (preset.tp if preset else None)
+    for key, value, allowed in (("method.dp", dp, DP_STRATEGIES), ("method.tp", tp, TP_STRATEGIES)):
+        if value is None:
+            raise ConfigError(f"{key} is not set: give {key}=NAME ({', '.join(allowed)}) or a preset method=NAME")
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+    assert dp is not None and tp is not None
+    found = label(dp, tp)
+    return (found if found in PRESETS else None), dp, tp
+
+
+def check(dp: str, tp: str, matrix_optimizer: bool, tp_size: int) -> None:
+    """Refuse, in one line, the pairs that cannot run: an elementwise-only DP strategy with a TP
+    strategy that gathers matrices, and shard-local TP under a matrix optimizer at TP > 1."""
+    if elementwise_only(dp) and tp != "local":
+        raise ConfigError(f"method.dp={dp} updates equal shards elementwise, so TP has no matrices to gather: "
+                          f"method.tp={tp} is not allowed with it; use method.tp=local")
+    if tp == "local" and matrix_optimizer and not elementwise_only(dp) and tp_size > 1:
+        raise ConfigError(f"method.tp=local updates each TP shard on its own, which a matrix optimizer cannot do at "
+                          f"parallel.tp={tp_size}; choose method.tp=duplicated, async or async_balanced "
+                          f"(or optimizer.name=adamw)")
