@@ -266,3 +266,29 @@ def gantt(timelines: dict[str, tuple[list[dict[str, Any]], str]]) -> str | None:
     fig.suptitle("Per-rank timeline of one measured optimizer step (the step nearest the trial's median)", fontsize=11, x=0.4)
     fig.tight_layout()
     return _svg(fig)
+
+
+def ladder_bars(ladder: list[dict[str, Any]]) -> str | None:
+    """Per point (one panel each), the projected optimizer step and iteration time of every rung
+    of the authors' ladder present, as horizontal bars (rungs top to bottom, sync first)."""
+    rows = [{"point": f"{p['point'].get('model')}, dp {p['point'].get('parallel.dp')} × tp {p['point'].get('parallel.tp')}",
+             "rung": f"{s['rung']} {s['method']}", "metric": METRIC_LABELS[m], "ms": s[m]}
+            for p in ladder for s in p["steps"] for m in ("optimizer_step_ms", "iteration_ms") if s[m] == s[m]]
+    if not rows:
+        return None
+    d = pd.DataFrame(rows)
+    points = list(dict.fromkeys(d["point"]))
+    fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points), 0.8 + 0.45 * d["rung"].nunique()),
+                             sharey=True, squeeze=False)
+    for ax, pt in zip(axes[0], points):
+        sns.barplot(data=d[d["point"] == pt], y="rung", x="ms", hue="metric", ax=ax, orient="h",
+                    palette=["#1b9e77", "#7570b3"], order=list(dict.fromkeys(d["rung"])))
+        ax.set_title(pt, fontsize=9)
+        ax.set_xlabel("ms (projected)")
+        ax.set_ylabel("")
+        if ax is not axes[0][-1]:
+            ax.get_legend().remove()
+        else:
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return _svg(fig)

@@ -25,13 +25,13 @@ from typing import Any
 import pandas as pd
 
 from analysis.load import Sweep, TrialRecords
-from analysis.stats import POINT_BASE, _variant, method_order, point_extra_columns
+from analysis.stats import POINT_BASE, _variant, baselines_in, method_order, point_extra_columns, rungs_of
+from canzona.plan.registry import LADDER
 from canzona.records import PHASES
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_PROFILE = REPO / "profiles" / "local.yaml"
 CALIBRATE_CMD = "python -m canzona.calibrate out=profiles/local.yaml"
-BASELINES = ("sync", "layerwise")
 METRICS = ("iteration_ms", "optimizer_step_ms")
 # trial settings that shape a projection, listed with its inputs
 SHAPING_KEYS = ("dist.dp_collective", "optimizer.ns_dtype", "train.micro_batch", "train.seq_len",
@@ -39,8 +39,10 @@ SHAPING_KEYS = ("dist.dp_collective", "optimizer.ns_dtype", "train.micro_batch",
                 "dist.overlap_param_gather", "train.dtype", "optimizer.clip_grad", "train.grad_accum",
                 "train.recompute", "parallel.sequence_parallel", "model.vocab", "model.tied_embeddings")
 SYNC_NOTE = (
-    "The sync baseline is the authors' fully synchronous run: plain DDP, every DP rank computes every "
-    "matrix's update and every TP rank all-gathers and recomputes it (planned imbalance about dp × tp). "
+    "The sync baseline (0_0-0_0) is the fully synchronous run: plain DDP, every DP rank computes every "
+    "matrix's update and every TP rank all-gathers and recomputes it (planned imbalance about dp × tp), "
+    "with full-matrix optimizer state on every TP rank (it fits no 80 GB GPU at 32B). The authors' own "
+    "default Muon run is atomic (1_0-0_0): ZeRO-1 with whole-tensor ownership and TP-synchronous compute. "
     "A projected ratio is one iteration of one micro-batch per rank on the profile's device: with gradient "
     "accumulation (several micro-batches per iteration, as large-batch training runs) forward and backward "
     "grow and the iteration speedup over sync shrinks toward the optimizer step's share; the assumptions "
@@ -90,6 +92,9 @@ def projected_trials(sweep: Sweep) -> pd.DataFrame:
                              "param_sync_ms_median": _nan(s.get("param_sync_ms")),
                              "grad_reduce_ms_median": _nan(s.get("grad_reduce_ms")),
                              "param_sync_peer_ms_mean": _nan(s.get("param_sync_peer_ms_mean")),
+                             "param_gather_ms": _nan(s.get("param_gather_ms")),
+                             "param_sync_bound_ms": _nan(s.get("param_sync_bound_ms")),
+                             "forward_ms": _nan(s.get("forward_ms")),
                              "planned_imbalance": _nan(((s.get("plan") or {}).get("imbalance") or {}).get("compute")),
                              "measured_imbalance": math.nan}
         for m in METRICS:
@@ -138,7 +143,7 @@ def speedup_rows(df: pd.DataFrame, pcols: list[str]) -> list[dict[str, Any]]:
                                "canzona": c, "trial_ids": list(cg["trial_id"]),
                                "gpus": int(cg["n_ranks"].max()), "model_params": float(cg["model_params"].max()),
                                "cells": {}}
-        for b in (*BASELINES, "adamw"):
+        for b in (*baselines_in(ok["method"].unique()), "adamw"):
             bg_all = _at(ok[ok["method"] == b], point, no_opt if b == "adamw" else pcols)
             cells = []
             for bv, bg in bg_all.groupby("variant", dropna=False, sort=True):
@@ -159,9 +164,13 @@ def _first(cells: list[dict[str, Any]] | None, metric: str) -> float:
     return cells[0]["ratio"][metric] if cells else math.nan
 
 
-def claims_view(rows: list[dict[str, Any]], claims: dict[str, Any] | None) -> dict[str, Any] | None:
+def claims_view(rows: list[dict[str, Any]], claims: dict[str, Any] | None,
+                fits: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """The paper's claims beside the projection: at the most GPUs projected, the largest model
-    (one row per layout), and the range over every model at that GPU count; Muon when present."""
+    (one row per layout), and the range over every model at that GPU count; Muon when present.
+    One line per baseline and metric, the paper's figure beside every one (which run the paper's
+    ratios are against is not stated in what is readable of it); ``fits``: trial id -> its dry
+    run (`dry_run_fits`), so a baseline that fits no GPU is labelled so."""
     if not rows:
         return None
     muon = [r for r in rows if r["point"].get("optimizer.name") == "muon"] or rows
@@ -170,18 +179,97 @@ def claims_view(rows: list[dict[str, Any]], claims: dict[str, Any] | None) -> di
     largest = max(r["model_params"] if not math.isnan(r["model_params"]) else -1 for r in at)
     top = [r for r in at if (r["model_params"] if not math.isnan(r["model_params"]) else -1) == largest]
     lines = []
-    for b in BASELINES:
+    present = [b for b in dict.fromkeys(b for r in at for b in r["cells"]) if b != "adamw"]
+    rungs = rungs_of(present)
+    for b in baselines_in(present):
         for m, claim_key in (("iteration_ms", "iteration_speedup"), ("optimizer_step_ms", "optimizer_step_speedup")):
             allv = [v for v in (_first(r["cells"].get(b), m) for r in at) if not math.isnan(v)]
             lines.append({
-                "baseline": b, "metric": m,
-                "paper": (claims or {}).get(claim_key) if b == "sync" else None,
+                "baseline": b, "rung": rungs.get(b), "metric": m,
+                "paper": (claims or {}).get(claim_key),
                 "top": [{"layout": f"dp {r['point']['parallel.dp']} × tp {r['point']['parallel.tp']}",
-                         "variant": r["variant"], "value": _first(r["cells"].get(b), m)} for r in top],
+                         "variant": r["variant"], "value": _first(r["cells"].get(b), m),
+                         "fits": _fits_of(r["cells"].get(b), fits)} for r in top],
                 "range": (min(allv), max(allv)) if allv else None,
             })
     return {"gpus": gpus, "model": top[0]["point"].get("model"), "optimizer": top[0]["point"].get("optimizer.name"),
             "n_models": len({r["point"].get("model") for r in at}), "lines": lines, "claims": claims}
+
+
+def _fits_of(cells: list[dict[str, Any]] | None, fits: dict[str, dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The dry run of a baseline cell's (first) trial, if one was recorded."""
+    if not cells or not fits:
+        return None
+    return next((fits[t] for t in cells[0]["trial_ids"] if t in fits), None)
+
+
+def dry_run_fits(sweep_path: Path, limits: dict[str, float | None]) -> dict[str, dict[str, Any]]:
+    """Trial id -> {"fits": bool, "peak_gib", "limit_gib"} from the dry run of the same sweep and
+    profile (``cluster=dryrun`` writes ``<sweep>[-<profile>]-dryrun`` beside the projection's
+    ``...-sim-<device>``; a trial keeps its id there, its config being the same). ``limits``:
+    trial id -> its ``dist.dry_run_memory_gb`` (what the dry run checked against when its
+    report does not say). Trials without a dry run are left out."""
+    name = sweep_path.resolve().name
+    if "-sim-" not in name:
+        return {}
+    folder = sweep_path.resolve().parent / (name.rsplit("-sim-", 1)[0] + "-dryrun")
+    out: dict[str, dict[str, Any]] = {}
+    for tid, config_limit in limits.items():
+        status = _read_json(folder / tid / "status.json")
+        if not status or status.get("status") not in ("done", "failed"):
+            continue
+        summary = _read_json(folder / tid / "summary.json") or {}
+        report = _read_json(folder / tid / "dryrun.json") or {}
+        peaks = summary.get("peak_gib") or [r["memory"]["peak_bytes"] / 2**30 for r in report.get("ranks", [])]
+        error = str(status.get("error") or "")
+        if status["status"] == "failed" and "run out of memory" not in error:
+            continue  # failed for another reason: says nothing about memory
+        limit = (report.get("memory_gb") or {}).get("limit") or _limit_of(error) or config_limit
+        out[tid] = {"fits": status["status"] == "done", "peak_gib": max(peaks) if peaks else None, "limit_gib": limit}
+    return out
+
+
+def _limit_of(error: str) -> float | None:
+    import re
+
+    m = re.search(r"dist\.dry_run_memory_gb=([0-9.]+)", error)
+    return float(m.group(1)) if m else None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def ladder_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per point with rungs of the authors' ladder: each rung's projected optimizer step and
+    iteration, and what the feature that rung adds removes from them (the rung before it minus
+    the rung; negative: the feature costs time)."""
+    out = []
+    for r in rows:
+        values: dict[str, dict[str, Any]] = {}
+        for b, cells in r["cells"].items():
+            rg = rungs_of([b]).get(b)
+            if rg and cells:
+                values[rg] = {"method": b, **cells[0]["values"]}
+        if r["variant"] or not values:
+            continue
+        values["1_1-1_1"] = {"method": "canzona", **r["canzona"]}
+        steps = []
+        for rung_name, before, feature in LADDER:
+            if rung_name not in values:
+                continue
+            v = values[rung_name]
+            prev = values.get(before) if before else None
+            steps.append({"rung": rung_name, "method": v["method"], "feature": feature, "before": before,
+                          **{m: v[m] for m in METRICS},
+                          **{f"removed_{m}": (prev[m] - v[m]) if prev else None for m in METRICS}})
+        out.append({"id": r["id"], "point": r["point"], "gpus": r["gpus"], "steps": steps})
+    return out
 
 
 def _paper_claims() -> dict[str, Any] | None:
@@ -234,6 +322,9 @@ def _phases_at(df: pd.DataFrame, view: dict[str, Any] | None, pcols: list[str]) 
                      "layout": f"dp {r['parallel.dp']} × tp {r['parallel.tp']}",
                      "phases": {p: _clean(r[f"phase.{p}"]) for p in PHASES},
                      "param_sync_peer_ms": _clean(r["param_sync_peer_ms_mean"]),
+                     "param_gather_ms": _clean(r["param_gather_ms"]),
+                     "param_sync_bound_ms": _clean(r["param_sync_bound_ms"]),
+                     "forward_ms": _clean(r["forward_ms"]),
                      "iteration_ms": _clean(r["iteration_ms_median"]),
                      "optimizer_step_ms": _clean(r["optimizer_step_ms_median"])})
     order = {m: i for i, m in enumerate(method_order(sel["method"].unique()))}
@@ -249,11 +340,14 @@ def projected_section(sweep: Sweep) -> dict[str, Any]:
     df["variant"] = df.apply(lambda row: _variant(row, df, sweep.config_columns), axis=1) if len(df) else []
     df.attrs["point_columns"] = pcols
     rows = speedup_rows(df, pcols)
-    claims = _paper_claims()
-    view = claims_view(rows, claims)
-    flat = []
     for i, r in enumerate(rows):
         r["id"] = f"p{i:04d}"
+    claims = _paper_claims()
+    fits = dry_run_fits(sweep.path, {t.trial_id: (t.config.get("dist") or {}).get("dry_run_memory_gb")
+                                     for t in sweep.trials})
+    view = claims_view(rows, claims, fits)
+    flat = []
+    for r in rows:
         for b, cells in r["cells"].items():
             for c in cells:
                 for m in METRICS:
@@ -270,6 +364,10 @@ def projected_section(sweep: Sweep) -> dict[str, Any]:
         "extra_pcols": [c for c in pcols if c not in POINT_BASE],
         "claims": claims,
         "view": view,
+        "baselines": baselines_in(b for r in rows for b in r["cells"] if b != "adamw"),
+        "rungs": rungs_of(b for r in rows for b in r["cells"]),
+        "ladder": ladder_rows(rows),
+        "n_dry_run": len(fits),
         "phases": _phases_at(df, view, pcols),
         "phase_names": list(PHASES),
         "profiles": _profiles(sweep.trials),

@@ -226,6 +226,7 @@ def _measured(sweep: Sweep, out_dir: Path) -> dict[str, Any]:
         "pcols": pcols,
         "extra_pcols": [c for c in pcols if c not in stats.POINT_BASE],
         "headline": _headline_rows(speedups, groups, pcols),
+        "baselines": stats.baselines_in(speedups["baseline"].unique() if len(speedups) else []),
         "groups": _records(groups),
         "figures": figures,
         "showcase_point": {k: _clean(v) for k, v in point.items()},
@@ -238,7 +239,8 @@ def _measured(sweep: Sweep, out_dir: Path) -> dict[str, Any]:
 
 
 def _no_measured() -> dict[str, Any]:
-    return {"_trials": None, "pcols": list(stats.POINT_BASE), "extra_pcols": [], "headline": [], "groups": [],
+    return {"_trials": None, "pcols": list(stats.POINT_BASE), "extra_pcols": [], "headline": [],
+            "baselines": list(stats.BASELINES), "groups": [],
             "figures": dict.fromkeys(("latency", "speedup", "loads", "phases", "gantt")), "showcase_point": {},
             "chosen": {}, "gantt_info": [], "load_rows": {}, "phases_tbl": [], "traces": {}}
 
@@ -265,6 +267,7 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, profile: 
     proj = None
     if proj_ids:
         proj = projection.projected_section(subset(sweep, proj_ids))
+        proj["figures"] = {"ladder": _data_uri(plots.ladder_bars(proj["ladder"]))}
         parts.append(proj.pop("trials"))
         proj.pop("table").to_csv(out_dir / "projected.csv", index=False)
     pred = None
@@ -335,6 +338,7 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, profile: 
         n_projected=len(proj_ids),
         n_measured=len(meas_ids),
         methods_present=stats.method_order(trials["method"].dropna().unique()),
+        rungs=stats.rungs_of(trials["method"].dropna().unique()),
         ci=f"{int(stats.CI[1] - stats.CI[0])}%",
         n_boot=stats.N_BOOT,
         phase_names=[*stats.PHASES, "other"],

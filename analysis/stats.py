@@ -40,11 +40,11 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import Sweep, planned_loads
-from canzona.plan.registry import METHOD_ORDER
+from canzona.plan.registry import METHOD_ORDER, method_rank, pair_of, rung
 from canzona.records import PHASES
 
 METHODS = METHOD_ORDER  # the presets' order: canzona first, then the baselines, the reference last
-BASELINES = ("atomic", "sync", "layerwise")
+BASELINES = ("sync", "layerwise")  # always shown; every other method present (atomic, the rungs) joins them
 METRICS = ("iteration_ms", "optimizer_step_ms")
 POINT_BASE = ("model", "optimizer.name", "parallel.dp", "parallel.tp")
 # config values that never split a point: identity, seeds, paths, test hooks, model (in `model`)
@@ -238,7 +238,7 @@ def _sorted(df: pd.DataFrame, trials: pd.DataFrame, pcols: list[str]) -> pd.Data
     for i, c in enumerate(p for p in pcols if p not in POINT_BASE):
         key[f"_x{i}"] = df[c].astype(str)
     if "method" in df:
-        key["_method"] = df["method"].map(lambda m: METHODS.index(m) if m in METHODS else len(METHODS))
+        key["_method"] = df["method"].map(lambda m: method_rank(str(m)))
     key["_opt"] = df["optimizer.name"].astype(str)
     order = key.sort_values(list(key.columns), kind="stable").index
     return df.loc[order].reset_index(drop=True)
@@ -329,7 +329,7 @@ def speedup_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
     for key, cg in can.groupby([*pcols, "variant"], dropna=False, sort=True):
         point = dict(zip(pcols, key[:-1]))
         cmp: list[tuple[str, str, str, pd.DataFrame]] = []
-        for b in BASELINES:
+        for b in baselines_in(ok["method"].unique()):
             bg_all = _at_point(ok[ok["method"] == b], point, pcols)
             for bv, bg in bg_all.groupby("variant", dropna=False, sort=True):
                 cmp.append((f"canzona vs {b}", b, str(bv), bg))
@@ -421,7 +421,25 @@ def showcase(trials: pd.DataFrame) -> tuple[dict[str, object], dict[str, str]]:
 
 def _method_order(methods: Iterable[object]) -> list[str]:
     ms = [str(m) for m in methods if m is not None and not (isinstance(m, float) and math.isnan(m))]
-    return sorted(ms, key=lambda m: (METHODS.index(m) if m in METHODS else len(METHODS), m))
+    return sorted(set(ms), key=method_rank)
+
+
+def baselines_in(methods: Iterable[object]) -> list[str]:
+    """What canzona is compared with: the fixed baselines and every other method present but
+    the reference, in ladder order."""
+    present = set(_method_order(methods))
+    return [m for m in _method_order([*BASELINES, *present]) if m not in ("canzona", "adamw")]
+
+
+def rungs_of(methods: Iterable[object]) -> dict[str, str]:
+    """Method label -> the authors' ladder name of its DP x TP pair, for those on the ladder."""
+    out = {}
+    for m in _method_order(methods):
+        pair = pair_of(m)
+        r = rung(*pair) if pair else None
+        if r:
+            out[m] = r
+    return out
 
 
 def method_order(methods: Iterable[object]) -> list[str]:

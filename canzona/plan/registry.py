@@ -38,6 +38,16 @@ PRESETS: dict[str, Preset] = {
 }
 # Presets in the order tables list them (the reference last).
 METHOD_ORDER = ("canzona", "atomic", "sync", "layerwise", "adamw")
+# The authors' ladder, from the fully synchronous run to Canzona, one feature added per rung:
+# (rung, the rung it adds to, the feature). Both orders of the two balances are on it.
+LADDER = (
+    ("0_0-0_0", None, None),
+    ("1_0-0_0", "0_0-0_0", "ZeRO-1 whole-tensor ownership"),
+    ("1_0-1_0", "1_0-0_0", "async TP micro-groups"),
+    ("1_1-1_0", "1_0-1_0", "DP balance"),
+    ("1_0-1_1", "1_0-1_0", "TP balance"),
+    ("1_1-1_1", "1_1-1_0", "TP balance, after DP balance"),
+)
 
 
 def label(dp: str, tp: str) -> str:
@@ -52,6 +62,29 @@ def rung(dp: str, tp: str) -> str | None:
     """The authors' ladder name of a pair (``1_0-1_0``), None when either is not on the ladder."""
     a, b = DP_STRATEGIES[dp].RUNG, TP_STRATEGIES[tp].RUNG
     return f"{a}-{b}" if a and b else None
+
+
+def pair_of(method: str) -> tuple[str, str] | None:
+    """The (dp, tp) pair a method label names (a preset or ``<dp>+<tp>``), None if none."""
+    if method in PRESETS:
+        return PRESETS[method].dp, PRESETS[method].tp
+    dp, plus, tp = str(method).partition("+")
+    return (dp, tp) if plus and dp in DP_STRATEGIES and tp in TP_STRATEGIES else None
+
+
+def method_rank(method: str) -> tuple[int, int, str]:
+    """Sort key of a method label: canzona first, then the ladder from the fully synchronous
+    rung up, the other pairs, layerwise, the reference (adamw) last."""
+    if method == "canzona":
+        return (0, 0, method)
+    if method == "adamw":
+        return (4, 0, method)
+    pair = pair_of(method)
+    r = rung(*pair) if pair else None
+    rungs = [name for name, _, _ in LADDER]
+    if r in rungs:
+        return (1, rungs.index(r), method)
+    return (3 if method == "layerwise" else 2, 0, method)
 
 
 def elementwise_only(dp: str) -> bool:

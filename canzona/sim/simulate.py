@@ -138,7 +138,9 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
     """Predicted summary of one trial (one iteration, max over ranks, milliseconds).
 
     Keys: ``iteration_ms``, ``optimizer_step_ms``, ``param_sync_ms``, ``param_sync_transfer_ms``
-    (the exposed parameter sync less waiting for peers still in their step), ``grad_reduce_ms``,
+    (the exposed parameter sync less waiting for peers still in their step), ``param_gather_ms``
+    (the gathers' own transfer time) and ``param_sync_bound_ms`` (the part of it longer than the
+    forward it overlaps: exposed whatever the schedule), ``grad_reduce_ms``,
     ``forward_ms``, ``backward_ms`` (and the ``*_median`` / ``*_p10`` / ``*_p90`` names of
     summary.json, all equal), ``phases_ms`` (max over ranks per phase), ``breakdown`` (the
     critical rank's optimizer step by phase), ``steps`` (one steps.jsonl-style row per rank,
@@ -183,6 +185,12 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
         "param_sync_ms": phases_max["param_sync"],
         # the exposed parameter sync less the waits for peers still in their optimizer step
         "param_sync_transfer_ms": max(row["param_sync_ms"] - row["param_sync_peer_ms"] for row in rows),
+        # the gathers' own transfer time, and what of it no forward can hide: Megatron overlaps the
+        # gather with the next forward only, so a gather longer than that forward is exposed by at
+        # least the difference (max over ranks)
+        "param_gather_ms": max(row["param_gather_ms"] - row["param_sync_peer_ms"] for row in rows),
+        "param_sync_bound_ms": max(max(0.0, row["param_gather_ms"] - row["param_sync_peer_ms"] - row["forward_ms"])
+                                   for row in rows),
         "grad_reduce_ms": phases_max["grad_reduce"],
         "forward_ms": phases_max["forward"],
         "backward_ms": phases_max["backward"],

@@ -100,9 +100,13 @@ def test_simulate_sweep_projects_records_and_reports(tmp_path: Path) -> None:
     assert "Projected (not measured)" in page.ids["projected"]["text"]
     assert "headline" not in page.ids and "latencies" not in page.ids  # no measured tables at all
     # the paper's claims beside the projection at the most GPUs (256) for the largest model
-    claims = page.having("data-paper")
-    assert sorted(float(c["data-paper"]) for c in claims) == sorted(
-        [PAPER_CLAIMS["iteration_speedup"], PAPER_CLAIMS["optimizer_step_speedup"]])
+    rows = page.having("data-claim-metric")
+    assert {r["data-claim-baseline"] for r in rows} == {"sync", "layerwise"}
+    for r in rows:  # the paper's figure beside every baseline, the metric's own
+        key = "iteration_speedup" if r["data-claim-metric"] == "iteration_ms" else "optimizer_step_speedup"
+        assert f"{PAPER_CLAIMS[key]}×" in r["text"]
+    assert {float(c["data-paper"]) for c in page.having("data-paper")} == {
+        PAPER_CLAIMS["iteration_speedup"], PAPER_CLAIMS["optimizer_step_speedup"]}
     assert PAPER_CLAIMS["setting"] in page.ids["projected-claims"]["text"]
     can, sync = summaries[("canzona", 256)], summaries[("sync", 256)]
     rows = {(r["data-claim-baseline"], r["data-claim-metric"]): r for r in page.having("data-claim-baseline")}
@@ -365,3 +369,55 @@ def test_the_sweep_runner_passes_the_profile_to_the_report(tmp_path: Path, monke
     local = REPO / "profiles" / "local.yaml"
     plan = build_plan(["sweep=qwen3_scaling", "dry_run=true"])
     assert plan.sim_profile == (str(local) if local.is_file() else None)
+
+
+# ----------------------------------------------------------------------------- the authors' ladder
+
+
+def test_ladder_projection_reports_every_rung_its_dry_run_and_what_each_feature_removes(tmp_path: Path) -> None:
+    """profile=ablation_projection at one point (Qwen3-8B cut to 4 layers, DP 32 x TP 8): the
+    claims set canzona against every rung with the paper's figures beside each, a baseline whose
+    dry run ran out of memory is labelled so (a dry-run folder written here as cluster=dryrun
+    writes it), and the ladder table's "removes" is the rung before minus the rung."""
+    from analysis.report import fmt
+
+    argv = ["sweep=qwen3_scaling", "profile=ablation_projection", "size=8b", "layout=n32-dp32tp8",
+            "model.num_layers=4", f"results={tmp_path}", "sim.workers=2"]
+    rc, lines = _run(argv)
+    assert rc == 0, "\n".join(lines)
+    rd = tmp_path / "qwen3_scaling-ablation_projection-sim-h100"
+    summaries = {d.name.split("-")[1]: (d.name, json.loads((d / "summary.json").read_text()))
+                 for d in rd.iterdir() if (d / "summary.json").is_file()}
+    assert set(summaries) == {"sync", "atomic", "zero1_atomic+async", "balanced+async",
+                              "zero1_atomic+async_balanced", "canzona", "layerwise", "adamw"}
+    dry = tmp_path / "qwen3_scaling-ablation_projection-dryrun"
+    for method, (tid, _) in summaries.items():
+        if method in ("sync", "atomic"):
+            (dry / tid).mkdir(parents=True)
+            oom = method == "sync"
+            (dry / tid / "status.json").write_text(json.dumps({
+                "status": "failed" if oom else "done",
+                "error": "rank 0 (dp 0, tp 0) would run out of memory: peak 174.00 GiB in backward of iteration 1 "
+                         "exceeds dist.dry_run_memory_gb=80" if oom else None}))
+            if not oom:
+                (dry / tid / "summary.json").write_text(json.dumps({"dry_run": True, "peak_gib": [49.4, 41.1]}))
+    index = build_report(rd)
+    page = Page(index.read_text())
+    canzona = summaries["canzona"][1]
+    for method in ("sync", "atomic", "zero1_atomic+async"):
+        for metric, key in (("iteration_ms", "iteration_speedup"), ("optimizer_step_ms", "optimizer_step_speedup")):
+            row = page.having("data-claim-baseline", **{"data-claim-baseline": method, "data-claim-metric": metric})
+            assert len(row) == 1
+            assert f"{PAPER_CLAIMS[key]}×" in row[0]["text"]
+            assert f"{fmt(summaries[method][1][metric] / canzona[metric])}×" in row[0]["text"]
+    fits = {e["data-fits"] for e in page.having("data-fits")}
+    assert fits == {"true", "false"}
+    text = page.ids["projected-claims"]["text"]
+    assert "fits no 80 GB GPU" in text and "fits 80 GB (peak 49.40 GiB)" in text
+    rows = page.having("data-rung")
+    got = {r["data-rung"]: r for r in rows}
+    assert list(got) == ["0_0-0_0", "1_0-0_0", "1_0-1_0", "1_1-1_0", "1_0-1_1", "1_1-1_1"]
+    step = {e["data-value"] for e in page.having("data-value", **{"data-metric": "optimizer_step_ms"})}
+    sync_ms, atomic_ms = summaries["sync"][1]["optimizer_step_ms"], summaries["atomic"][1]["optimizer_step_ms"]
+    assert repr(sync_ms) in step and fmt(sync_ms - atomic_ms) in got["1_0-0_0"]["text"]
+    assert page.ids.get("fig-ladder") is not None
