@@ -83,7 +83,7 @@ class TrialRecords:
 class Sweep:
     path: Path
     trials: list[TrialRecords]
-    sweep_config: str | None  # text of results/<sweep>/sweep.yaml, if any
+    sweep_config: str | None  # the sweep's manifest (results/<sweep>/sweep.json) as YAML, if any
     trials_df: pd.DataFrame
     steps_df: pd.DataFrame
     config_columns: list[str] = field(default_factory=list)  # flattened config keys, in order
@@ -242,6 +242,23 @@ def _trial_row(t: TrialRecords) -> dict[str, Any]:
     return row
 
 
+def sweep_manifest_text(root: Path) -> str | None:
+    """What the last sweep into ``root`` wrote of itself (``sweep.json``: sweep, profile, cluster,
+    settings, when), as YAML for the report's provenance; its trial and run lists as counts."""
+    try:
+        manifest = json.loads((root / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict):
+        return None
+    trials, order = manifest.pop("trials", None), manifest.pop("order", None)
+    if isinstance(trials, list):
+        manifest["trials"] = len(trials)
+    if isinstance(order, list):
+        manifest["runs"] = len(order)
+    return yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True, width=100)
+
+
 def method_of(row: dict[str, Any]) -> tuple[str | None, str | None]:
     """(label, rung) of a flattened config row."""
     from canzona.plan import registry
@@ -304,11 +321,10 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
         for k in flatten(t.config or t.summary.get("config") or {}):
             if k not in config_columns:
                 config_columns.append(k)
-    sweep_yaml = root / "sweep.yaml"
     return Sweep(
         path=root,
         trials=trials,
-        sweep_config=sweep_yaml.read_text() if sweep_yaml.is_file() else None,
+        sweep_config=sweep_manifest_text(root),
         trials_df=trials_df,
         steps_df=steps_df,
         config_columns=config_columns,

@@ -270,8 +270,8 @@ class Runtime:
             with timer.phase(a.phase, a.tag):
                 # A rank that counts no elements (it owns nothing) still takes part in the norm's
                 # all-reduce: with a zero on its device (sum_of_squares of nothing is a CPU zero).
-                self.results[a.tag] = (sum_of_squares(buf.grad_buf[s:e] for s, e in a.ranges) if a.ranges
-                                       else buf.grad_buf.new_zeros((), dtype=torch.float64))
+                self.results[a.tag] = (sum_of_squares((buf.grad_buf[s:e] for s, e in a.ranges), a.dtype) if a.ranges
+                                       else buf.grad_buf.new_zeros((), dtype=getattr(torch, a.dtype)))
         elif isinstance(a, ClipScale):
             with timer.phase(a.phase, a.tag):
                 coef = clip_coefficient(float(self.results[a.norm]), a.max_norm)

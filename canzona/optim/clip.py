@@ -1,11 +1,18 @@
 """Gradient-norm clipping maths (Megatron's ``clip_grad_norm``), shared by every distributed
-method and the single-process reference so that they clip identically.
+method and the single-process reference so that they clip alike.
 
-The sum of squares is accumulated in float64: squares of fp32 values are exact in float64 and
-the accumulation error is ~1e-16 relative, so ranks that sum their parts in a different order
-than the reference get the same norm, and the same fp32 coefficient, except when the float64
-value lies within that error of an fp32 rounding boundary. (On gradients of a coarse binary
-grid, as the parity tests use, the float64 sum is exact in any order.)
+Two accumulations (``optimizer.clip_norm_dtype``):
+
+- ``float32`` (default): what Megatron does -- per-tensor fp32 L2 norms in one multi-tensor
+  kernel (``torch._foreach_norm``, as apex's ``multi_tensor_l2norm``), squared and summed in
+  fp32, the per-rank sums all-reduced in fp32. Ranks that split the buffer differently from the
+  single process sum in another order, so the norm (and the clip coefficient) can differ from
+  the reference's in the last bits: parity with the reference then holds to a relative
+  tolerance, not bit for bit.
+- ``float64``: the sum of squares in float64, which is exact for the coarse binary-grid
+  gradients of the step-parity tests in any order (squares of fp32 values are exact in float64)
+  -- their bit-for-bit mode. About 30x slower on a CPU (an fp64 pass over a copy of the
+  gradient), so it is not what a measurement should time.
 """
 
 from __future__ import annotations
@@ -20,8 +27,15 @@ CHUNK = 1 << 24  # elements converted to float64 at a time (bounds the transient
 EPS = 1.0e-6  # Megatron: clip_coeff = max_norm / (total_norm + 1.0e-6)
 
 
-def sum_of_squares(tensors: Iterable[Tensor]) -> Tensor:
-    """Float64 sum of squares of all elements (a 0-d tensor on the tensors' device)."""
+def sum_of_squares(tensors: Iterable[Tensor], dtype: str = "float64") -> Tensor:
+    """Sum of squares of all elements in ``dtype`` (``float32``: Megatron's multi-tensor norm;
+    ``float64``: exact accumulation), a 0-d tensor on the tensors' device."""
+    if dtype == "float32":
+        ts = [t.reshape(-1) for t in tensors if t.numel()]
+        if not ts:
+            return torch.zeros((), dtype=torch.float32)
+        norms = torch._foreach_norm([t if t.dtype == torch.float32 else t.float() for t in ts])
+        return torch.stack(norms).square().sum()
     total: Tensor | None = None
     for t in tensors:
         flat = t.reshape(-1)

@@ -112,7 +112,8 @@ class ReferenceOptimizer:
     @torch.no_grad()
     def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
         self.steps += 1
-        coef = clip_coefficient(float(sum_of_squares(grads[s.name] for s in self.specs)), self.opt.clip_grad)
+        sumsq = sum_of_squares((grads[s.name] for s in self.specs), self.opt.clip_norm_dtype)
+        coef = clip_coefficient(float(sumsq), self.opt.clip_grad)
         if coef is not None:
             grads = {n: g * coef for n, g in grads.items()}
         mat = [i for i, s in enumerate(self.specs) if self.matrix_rule and s.kind == "matrix"]

@@ -59,6 +59,8 @@ COMMON_OPTIONS = (
     Option("weight_decay", float, 0.01, "decoupled weight decay (every parameter)"),
     Option("clip_grad", float, 1.0, "gradient-norm clipping inside the step (Megatron's --clip-grad); 0: off",
            minimum=0.0),
+    Option("clip_norm_dtype", str, "float32", "the gradient norm's accumulation: float32 as Megatron's multi-tensor "
+           "L2 norm, or float64, exact in any summation order (the parity tests' mode)", choices=("float32", "float64")),
 )
 OPTIONS: tuple[Option, ...] = merge_options(COMMON_OPTIONS, REGISTERED)
 

@@ -33,14 +33,17 @@ class Execution:
     clip_grad: float = 0.0  # gradient-norm clipping threshold; 0: off
     device: str = "cpu"  # the device kind the plan runs on (cpu | cuda)
     grad_accum: int = 1  # micro-batches (forward + backward) per iteration
+    clip_norm_dtype: str = "float32"  # the norm's accumulation: float32 (Megatron) or float64 (exact)
 
     @classmethod
     def from_config(cls, cfg, device: str) -> Execution:
         from canzona.devices import resolve_dtype
 
         dtype, why = resolve_dtype(cfg.train.dtype, device)
-        return cls(cfg.dist.dp_collective, cfg.dist.overlap_grad_reduce, cfg.canzona.pipeline_depth, dtype, why,
-                   cfg.dist.overlap_param_gather, cfg.optimizer.clip_grad, device, cfg.train.grad_accum)
+        return cls(dp_collective=cfg.dist.dp_collective, overlap_grad_reduce=cfg.dist.overlap_grad_reduce,
+                   pipeline_depth=cfg.canzona.pipeline_depth, dtype=dtype, dtype_reason=why,
+                   overlap_param_gather=cfg.dist.overlap_param_gather, clip_grad=cfg.optimizer.clip_grad,
+                   device=device, grad_accum=cfg.train.grad_accum, clip_norm_dtype=cfg.optimizer.clip_norm_dtype)
 
 
 class _Sized:

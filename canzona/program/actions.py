@@ -298,15 +298,17 @@ class TpAllGather:
 
 @dataclass(frozen=True)
 class NormReduce:
-    """Gradient clipping: the sum of squares of the gradient over ``axis`` (one float64)."""
+    """Gradient clipping: the sum of squares of the gradient over ``axis`` (one value, in the
+    norm's ``dtype``)."""
 
     tag: str
     axis: Axis
     source: str = "grad norm"  # the `GradNorm` whose local sum is reduced
     phase: str = "clip_grad"
+    dtype: str = "float32"
 
     def calls(self) -> tuple[Call, ...]:
-        return (Call("all_reduce", self.axis, 1, 1, "float64"),)
+        return (Call("all_reduce", self.axis, 1, 1, self.dtype),)
 
     pack_elems = 0
     finish_elems = 0
@@ -353,12 +355,14 @@ class Elementwise:
 
 @dataclass(frozen=True)
 class GradNorm:
-    """Gradient clipping: the float64 sum of squares of the gradient buffer over ``ranges`` (the
-    elements this rank counts, so that across ranks every gradient element counts once)."""
+    """Gradient clipping: the sum of squares of the gradient buffer over ``ranges`` (the
+    elements this rank counts, so that across ranks every gradient element counts once),
+    accumulated in ``dtype`` (`canzona.optim.clip`)."""
 
     tag: str
     ranges: Ranges
     phase: str = "clip_grad"
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)

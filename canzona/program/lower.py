@@ -183,7 +183,8 @@ class _Lowering:
     def clip(self, d: int, t: int, step: list[Action]) -> list[Action]:
         if self.ex.clip_grad <= 0:
             return []
-        out: list[Action] = [GradNorm("grad norm", self._norm_ranges(d, t))]
+        dtype = self.ex.clip_norm_dtype
+        out: list[Action] = [GradNorm("grad norm", self._norm_ranges(d, t), dtype=dtype)]
         axis = None
         if not self.full_grads and self.dp * self.tp > 1:
             axis = "world"
@@ -191,7 +192,8 @@ class _Lowering:
             axis = "tp"
         norm = "grad norm"
         if axis is not None:
-            out += [NormReduce("grad norm reduce", axis), Wait(("grad norm reduce",), "clip_grad", "grad norm")]
+            out += [NormReduce("grad norm reduce", axis, dtype=dtype),
+                    Wait(("grad norm reduce",), "clip_grad", "grad norm")]
             norm = "grad norm reduce"
         out.append(ClipScale("clip", norm, self.ex.clip_grad, self._read_ranges(step)))
         return out

@@ -22,12 +22,24 @@ pytestmark = pytest.mark.slow
 
 MODEL = ["model=qwen3-8b", "model.width_div=64", "model.num_layers=2", "train.seed=7", "train.dtype=fp32"]
 # TP=4 needs a vocabulary divisible by 4: width/32.
-STEP_MODEL = ["model=qwen3-8b", "model.width_div=32", "model.num_layers=2", "train.seed=7", "train.dtype=fp32"]
+# float64 gradient norm: exact on the gradients' binary grid in any summation order, so clipping
+# is bit for bit the reference's. The default float32 norm (Megatron's) sums in the order of each
+# rank's shards: its combos (FP32_NORM) are held to FP32_NORM_REL instead.
+STEP_MODEL = ["model=qwen3-8b", "model.width_div=32", "model.num_layers=2", "train.seed=7", "train.dtype=fp32",
+              "optimizer.clip_norm_dtype=float64"]
 METHODS = ["canzona", "atomic", "sync", "layerwise", "adamw"]
 OPTIMIZERS = ["muon", "shampoo", "soap", "adamw"]
 LAYOUTS = {"dp2": (2, 1), "tp2": (1, 2), "dp2tp2": (2, 2)}
 WIDE_LAYOUTS = {"dp4": (4, 1), "tp4": (1, 4), "dp2tp4": (2, 4)}  # uneven and empty shards, 4-way TP
 STEPS = 3
+FP32_NORM = "optimizer.clip_norm_dtype=float32"
+# Derived bound for the float32 norm: the distributed and the reference sums of squares differ by
+# reordering only, a relative error of at most ~(terms per sum) x 2^-24 on fp32 partial norms of
+# a few hundred tensors (< 1e-5); the clip coefficient inherits it, and Muon (normalised by
+# Newton-Schulz) and AdamW (m / sqrt(v)) are invariant to a common gradient scale but through
+# the momentum's mix of steps clipped differently, so the parameters differ by at most that
+# relative amount times the update's share of the parameter (< 1).
+FP32_NORM_REL = 1e-5
 
 
 def _grads(specs, step: int, dp_rank: int) -> dict[str, torch.Tensor]:
@@ -83,6 +95,9 @@ def _combos(wide: bool = False, tp: int = 1) -> list[tuple[str, str, list[str]]]
         ("canzona", "muon", ["dist.overlap_param_gather=false"]),
         ("canzona", "muon", ["optimizer.clip_grad=0"]),
         ("adamw", "adamw", ["optimizer.clip_grad=1e9"]),
+        ("canzona", "muon", [FP32_NORM]),
+        ("sync", "muon", [FP32_NORM]),
+        ("adamw", "adamw", [FP32_NORM]),
     ]
     return combos + pairs
 
@@ -174,7 +189,8 @@ def test_step_parity_every_method_optimizer(layout_results) -> None:
     assert len(results) == len(_combos(layout in WIDE_LAYOUTS, {**LAYOUTS, **WIDE_LAYOUTS}[layout][1]))
     failures = []
     for key, r in results.items():
-        if not (r["exact"] and r["moved"] and r["replicas_equal"]):
+        close = r["exact"] or (FP32_NORM in key and r["rel"] <= FP32_NORM_REL)
+        if not (close and r["moved"] and r["replicas_equal"]):
             failures.append(f"{layout} {key}: exact={r['exact']} rel={r['rel']:.2e} moved={r['moved']} "
                             f"replicas_equal={r['replicas_equal']}")
     assert not failures, "\n".join(failures)
@@ -381,7 +397,9 @@ def test_gradient_accumulation_equals_data_parallelism(tmp_path) -> None:
     """Two micro-batches accumulated on one rank train exactly like two DP ranks with one each:
     the global batch is the same samples (micro-batch m of DP rank d is block d·k + m), each
     micro-batch's loss is halved (a power-of-two scale, exact) and the DP average halves the sum
-    (exact too), so the bound only guards against denormals on other CPUs."""
+    (exact too), so the bound only guards against denormals on other CPUs. Both runs use one
+    thread per rank: a BLAS may block a matmul differently with another thread count (seen: 2e-6
+    between 2 threads and 1 on a Xeon), which is not what this compares."""
     from canzona.config import load_config
     from canzona.run import run_trial
 
@@ -389,7 +407,7 @@ def test_gradient_accumulation_equals_data_parallelism(tmp_path) -> None:
     for name, layout in (("dp", ["parallel.dp=2"]), ("accum", ["train.grad_accum=2"])):
         out = tmp_path / name
         summary = run_trial(load_config([*MODEL, "train.steps=3", "train.warmup=0", "train.micro_batch=2", *layout,
-                                         f"save_params={out}/p.pt"]), out)
+                                         "dist.threads_per_rank=1", f"save_params={out}/p.pt"]), out)
         assert summary["program_check"]["ok"]
         got[name] = torch.load(out / "p.pt")
     assert _global_rel(got["accum"], got["dp"]) <= 1e-6

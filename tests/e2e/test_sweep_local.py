@@ -215,6 +215,9 @@ def test_repeats_run_interleaved_and_resume_per_repetition(tmp_path):
     assert vs_sync and all(x["paired"] == "True" and x["n_trials_canzona"] == "2" for x in vs_sync)
     html = (root / "report" / "index.html").read_text()
     assert html.count("] paired") >= len(vs_sync)  # the report says which intervals are paired
+    # the provenance box shows what the sweep wrote of itself (sweep.json), not a file it never writes
+    box = html[html.index('id="sweep-config"'):]
+    assert "cluster: local" in box[:box.index("</pre>")] and "runs: 4" in box[:box.index("</pre>")]
 
     # a failed repetition is rerun alone; raising repeats runs only the new repetitions
     victim = order[1]

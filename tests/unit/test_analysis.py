@@ -251,7 +251,7 @@ def test_sweep_without_sync_trials_says_so(tmp_path):
     html = index.read_text()
     headline = html[html.index('id="headline"'):html.index('id="latency"')]
     assert "no data" in headline  # vs sync and vs adamw cells
-    assert "No sweep.yaml" in html
+    assert "No sweep.json" in html
 
 
 def test_sweep_with_only_failed_trials_renders(tmp_path):

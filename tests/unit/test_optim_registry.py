@@ -42,7 +42,7 @@ def test_section_has_every_registered_key_flat() -> None:
     # the user-visible keys of before stay as they were, plus blocking and clipping
     assert {"name", "lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_coefficients", "ns_eps",
             "ns_dtype", "lr_adjust", "adamw_lr", "betas", "eps", "precondition_frequency", "shampoo_eps",
-            "max_preconditioner_dim", "clip_grad"} == set(fields)
+            "max_preconditioner_dim", "clip_grad", "clip_norm_dtype"} == set(fields)
     cfg = load_config(["optimizer=soap", "optimizer.max_preconditioner_dim=512", "optimizer.ns_steps=3",
                        "optimizer.betas=[0.8,0.99]", "optimizer.lr=0.5"])
     assert (cfg.optimizer.max_preconditioner_dim, cfg.optimizer.ns_steps, cfg.optimizer.betas) == (512, 3, (0.8, 0.99))

@@ -28,7 +28,10 @@ METHODS = ["canzona", "sync", "layerwise", "adamw"]
 
 
 def plan_for(*overrides: str):
-    return make_plan(load_config(list(overrides)))
+    """A plan with a machine-independent cost model (``canzona.cost=flops`` unless given): what a
+    test checks of a plan must not depend on the CPU that runs it (measured costs do)."""
+    given = any(o.startswith("canzona.cost=") for o in overrides)
+    return make_plan(load_config([*([] if given else ["canzona.cost=flops"]), *overrides]))
 
 
 # ---------------------------------------------------------------- inventory

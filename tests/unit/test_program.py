@@ -26,7 +26,10 @@ SMALL = ["model=qwen3-8b", "model.width_div=32", "model.num_layers=2", "bucket.s
 
 
 def plan_for(*items: str):
-    return make_plan(load_config(list(items)))
+    """A plan with a machine-independent cost model (``canzona.cost=flops`` unless given): what a
+    test checks of a plan must not depend on the CPU that runs it (measured costs do)."""
+    given = any(o.startswith("canzona.cost=") for o in items)
+    return make_plan(load_config([*([] if given else ["canzona.cost=flops"]), *items]))
 
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (2, 4), (3, 2)]

@@ -64,25 +64,26 @@ class PhaseTimer(StepTimer):
             yield
 
 
-def run_rank(cfg: TrialConfig, rank: int) -> dict[str, Any]:
+def run_rank(cfg: TrialConfig, rank: int, plan: Any = None) -> dict[str, Any]:
     """Run rank ``rank`` of ``cfg``'s job on fake CUDA; its result for the report (raises on any
-    violation: the caller reports it as this rank's error)."""
+    violation: the caller reports it as this rank's error). ``plan``: the trial's plan (the dry
+    run's launcher makes it once for all ranks); None plans here."""
     emulate_queries()
     torch.set_num_threads(1)  # fake tensors compute nothing
     dist.init_process_group("fake", rank=rank, world_size=cfg.world_size, store=FakeStore())
     dist_rules.install()
     try:
         ctx = init_parallel(cfg.parallel.tp, "cuda", cfg.dist.timeout_s)
-        return _run(cfg, rank, ctx)
+        return _run(cfg, rank, ctx, plan)
     finally:
         dist_rules.uninstall()
         destroy_parallel()
 
 
-def _run(cfg: TrialConfig, rank: int, ctx) -> dict[str, Any]:
+def _run(cfg: TrialConfig, rank: int, ctx, plan: Any = None) -> dict[str, Any]:
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    plan = make_plan(cfg, device="cuda")
+    plan = plan if plan is not None else make_plan(cfg, device="cuda")
     program = lower(plan, [rank])[0]
     mcfg = cfg.model_cfg()
     dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ from canzona.trial.dryrun.report import build_report, write_report
 from canzona.trial.dryrun.worker import SETUP_ENV
 
 MAX_WORKERS = 16
+PLAN_FILE = "plan.pkl"  # the trial's plan, made once here, read by every rank's worker
 
 
 def dry_run_trial(cfg: TrialConfig, ranks: list[int] | str | None = None, out: str | os.PathLike | None = None,
@@ -38,12 +40,16 @@ def dry_run_trial(cfg: TrialConfig, ranks: list[int] | str | None = None, out: s
     cfg = load_config(base=config)
     library = fakecuda.ensure_built()
     n = max(1, min(len(chosen), workers or min(os.cpu_count() or 1, MAX_WORKERS)))
+    from canzona.plan.methods import make_plan
+
+    plan = make_plan(cfg, device="cuda")  # planned once: the ranks run this plan, the check lowers it
     with tempfile.TemporaryDirectory(prefix="canzona-dryrun-") as tmp:
+        (Path(tmp) / PLAN_FILE).write_bytes(pickle.dumps(plan))
         with ThreadPoolExecutor(n) as pool:
             done = list(pool.map(lambda r: _run_worker(Path(tmp), library, config, r), chosen))
     results = [d["result"] for d in done if d["ok"]]
     errors = [d["error"] for d in done if not d["ok"]]
-    report = build_report(cfg, results, errors, _program_matching(cfg), time.perf_counter() - t0)
+    report = build_report(cfg, results, errors, _program_matching(plan), time.perf_counter() - t0)
     if out is not None and not report["errors"]:
         write_report(Path(out), report)
     return report
@@ -104,7 +110,7 @@ atexit.register(_ZYGOTE.close)
 def _run_worker(tmp: Path, library: Path | None, config: dict[str, Any], rank: int) -> dict[str, Any]:
     spec, result, stderr = tmp / f"rank{rank}.json", tmp / f"rank{rank}.out.json", tmp / f"rank{rank}.err"
     spec.write_text(json.dumps({"library": str(library) if library else None, "config": config, "rank": rank,
-                                "setup": os.environ.get(SETUP_ENV)}))
+                                "plan": str(tmp / PLAN_FILE), "setup": os.environ.get(SETUP_ENV)}))
     code = _ZYGOTE.run(library, spec, result, stderr)
     if result.exists():
         return json.loads(result.read_text())
@@ -112,11 +118,10 @@ def _run_worker(tmp: Path, library: Path | None, config: dict[str, Any], rank: i
     return {"ok": False, "error": f"rank {rank}: the worker process exited with {code}: {(lines or ['no output'])[-1]}"}
 
 
-def _program_matching(cfg: TrialConfig) -> list[str]:
+def _program_matching(plan: Any) -> list[str]:
     """Do the programs of *all* ranks make matching collective calls (`check_matching`)? With
     the executed ranks' calls equal to their programs', this covers the ranks not executed."""
-    from canzona.plan.methods import make_plan
     from canzona.program.check import check_matching
     from canzona.program.lower import lower
 
-    return check_matching(lower(make_plan(cfg, device="cuda")))
+    return check_matching(lower(plan))

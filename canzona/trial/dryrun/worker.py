@@ -1,7 +1,7 @@
 """A dry-run rank's process: ``python -m canzona.trial.dryrun.worker SPEC.json RESULT.json``.
 
-SPEC holds ``{"library": path or null, "config": TrialConfig dict, "rank": int, "setup": hook or
-null}``. The fake
+SPEC holds ``{"library": path or null, "config": TrialConfig dict, "rank": int, "plan": path of
+the trial's pickled plan or null (then the rank plans), "setup": hook or null}``. The fake
 CUDA device is loaded before anything imports torch (`canzona.trial.dryrun.fakecuda.preload`:
 that is why each rank runs in a fresh process; forked from `canzona.trial.dryrun.zygote`, which
 loaded it already, or started on its own), then `execute.run_rank` runs the rank. RESULT
@@ -16,6 +16,7 @@ the imports and before the rank runs, e.g. to plant a violation the dry run must
 from __future__ import annotations
 
 import json
+import pickle
 import sys
 import traceback
 from pathlib import Path
@@ -60,8 +61,9 @@ def main(argv: list[str]) -> int:
         from canzona.trial.dryrun.execute import run_rank
 
         cfg = load_config(base=spec["config"])
+        plan = pickle.loads(Path(spec["plan"]).read_bytes()) if spec.get("plan") else None
         _setup_hook(spec.get("setup"))
-        out = {"ok": True, "result": run_rank(cfg, rank)}
+        out = {"ok": True, "result": run_rank(cfg, rank, plan)}
         code = 0
     except Exception as e:  # noqa: BLE001 - every failure of the rank is its dry-run error
         traceback.print_exc()
