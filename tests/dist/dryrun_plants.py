@@ -5,15 +5,14 @@ from __future__ import annotations
 
 
 def cpu_tensor_to_all_reduce() -> None:
-    """The gradient norm's all-reduce (its float64 sum of squares) is handed a CPU copy."""
-    import torch
+    """The gradient norm's all-reduce (its sum of squares) is handed a CPU copy."""
 
     from canzona.executor import comm
 
     original = comm.Communicator._all_reduce
 
     def planted(self, tag, axis, t):
-        return original(self, tag, axis, t.cpu() if t.dtype == torch.float64 else t)
+        return original(self, tag, axis, t.cpu() if tag == "grad norm reduce" else t)
 
     comm.Communicator._all_reduce = planted
 
