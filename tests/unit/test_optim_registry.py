@@ -105,8 +105,8 @@ def test_a_new_optimizer_is_one_definition() -> None:
 def test_readme_extending_example_works() -> None:
     """The README's example optimizer module, registered as the README says, is a valid trial."""
     readme = (PACKAGE.parent / "README.md").read_text()
-    section = readme.split("## Extending", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    section = readme.split("## Extending", 1)[1].split("\n## ", 1)[0]
+    code = next(b.split("```", 1)[0] for b in section.split("```python\n")[1:] if "OptimizerDef(" in b)
     module: dict = {}
     exec(compile(code, "signum.py", "exec"), module)
     signum = module["OPTIMIZER"]
