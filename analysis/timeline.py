@@ -1,9 +1,12 @@
 """Per-rank timelines from steps.jsonl ``events``: the Gantt data of one step and Chrome traces.
 
-Events are ``{"name", "cat", "start_ms", "dur_ms"}`` relative to the step's start (records.py),
-``cat`` one of compute, comm, wait, model. The optimizer step is told from the rest of the
-iteration by name: events named ``forward``, ``backward``, ``grad_reduce`` or ``param_sync``
-(first word) or of cat ``model`` are the iteration around it.
+Events are ``{"name", "cat", "phase", "start_ms", "dur_ms"}`` relative to the iteration's start
+(records.py), ``cat`` one of compute, comm, wait, model. The optimizer step of a rank is the
+window its own timers recorded, ``[step_start_ms, step_start_ms + optimizer_step_ms]``: the
+events inside it (clipped to it) are the step, whatever they are named, and each rank's window
+starts at 0, so a rank's lane spans exactly its recorded step. Records written before the
+window was recorded fall back to telling the iteration's events by their phase (or, older
+still, the first word of their name).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ def _base(name: str) -> str:
 
 
 def is_optimizer_event(ev: dict[str, Any]) -> bool:
-    return ev.get("cat") != "model" and _base(ev.get("name", "")) not in ITERATION_SIDE
+    """For records without a step window: not the iteration around the step."""
+    kind = ev.get("phase") or _base(ev.get("name", ""))
+    return ev.get("cat") != "model" and kind not in ITERATION_SIDE
 
 
 def _valid(ev: Any) -> bool:
@@ -53,19 +58,35 @@ def step_events(trial: TrialRecords, step: int, optimizer_only: bool = True) -> 
     the optimizer step starts at 0 (the earliest optimizer event over ranks). Returns
     (events, optimizer_only) -- the flag is False when the step had no optimizer events and the
     whole iteration is returned instead."""
-    rows = []
+    rows, windowed = [], []
     for s in trial.steps:
         if s.get("step") != step:
             continue
-        for ev in s.get("events") or []:
-            if _valid(ev):
-                rows.append({**ev, "rank": s.get("rank"), "dp_rank": s.get("dp_rank"), "tp_rank": s.get("tp_rank")})
+        evs = [{**ev, "rank": s.get("rank"), "dp_rank": s.get("dp_rank"), "tp_rank": s.get("tp_rank")}
+               for ev in s.get("events") or [] if _valid(ev)]
+        rows.extend(evs)
+        start, length = s.get("step_start_ms"), s.get("optimizer_step_ms")
+        if optimizer_only and isinstance(start, (int, float)) and isinstance(length, (int, float)):
+            windowed.extend(_in_window(evs, float(start), float(length)))
+    if windowed:
+        return windowed, True
     opt = [e for e in rows if is_optimizer_event(e)] if optimizer_only else []
     chosen, flag = (opt, True) if opt else (rows, False)
     if not chosen:
         return [], flag
     t0 = min(e["start_ms"] for e in chosen)
     return [{**e, "start_ms": e["start_ms"] - t0} for e in chosen], flag
+
+
+def _in_window(events: list[dict[str, Any]], start: float, length: float) -> list[dict[str, Any]]:
+    """The events overlapping [start, start + length], clipped to it and shifted to start at 0."""
+    end = start + length
+    out = []
+    for e in events:
+        a, b = max(e["start_ms"], start), min(e["start_ms"] + e["dur_ms"], end)
+        if b > a or (e["dur_ms"] == 0 and start <= e["start_ms"] <= end):
+            out.append({**e, "start_ms": a - start, "dur_ms": max(0.0, b - a)})
+    return out
 
 
 def _tracks(events: list[dict[str, Any]]) -> list[int]:

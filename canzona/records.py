@@ -5,8 +5,9 @@ A trial folder (``results/<sweep>/<trial_id>/`` in a sweep, ``out=DIR`` for one 
 - ``config.yaml``  the resolved TrialConfig (every value, defaults included).
 - ``steps.jsonl``  one JSON object per rank per step (warm-up steps included, ``measured``
   false), with the keys of `STEP_FIELDS` (milliseconds unless named otherwise) and ``events``:
-  a list of ``{"name", "cat", "start_ms", "dur_ms"}`` relative to the step's start, the
-  per-rank timeline of the step (cat is one of compute, comm, wait, model).
+  a list of ``{"name", "cat", "phase", "start_ms", "dur_ms"}`` relative to the iteration's start,
+  the per-rank timeline of the iteration (cat is one of compute, comm, wait, model; phase the
+  executor's phase the block was timed as, one of `PHASES` or another step phase).
 - ``summary.json`` the trial's aggregates (medians and p10/p90 over measured steps of the max over
   ranks, the plan, the world, versions, host and the resolved config).
 - ``status.json``  written by the sweep launcher: ``status`` (done | failed | running), ``error``,
@@ -39,6 +40,8 @@ STEP_FIELDS = (
     "grad_reduce_ms",  # exposed (not hidden behind backward) gradient reduction
     "clip_grad_ms",  # gradient-norm clipping inside the optimizer step: local norm, its all-reduce, scaling
     "optimizer_step_ms",  # docs/design.md §6: grads reduced -> every owned param updated
+    "step_start_ms",  # where this rank's optimizer step begins on the clock of its `events` (ms from
+    #                   its iteration start): the step is [step_start_ms, + optimizer_step_ms]
     "gather_ms",  # packing and issuing TP gathers to owners (baselines: the whole TP all-gather)
     "compute_ms",  # owner optimizer maths
     "scatter_ms",  # packing and issuing TP scatters back to shard holders

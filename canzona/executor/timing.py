@@ -105,7 +105,8 @@ class StepTimer:
             ms[name] += dur
             if parent is not None:
                 ms[name_of[parent]] -= dur
-            events.append({"name": label, "cat": CATEGORY.get(name, name), "start_ms": t0, "dur_ms": dur})
+            events.append({"name": label, "cat": CATEGORY.get(name, name), "phase": name, "start_ms": t0,
+                           "dur_ms": dur})
         marks = {name: since(stamp) for name, stamp in self._marks.items()}
         self._resolved = (dict(ms), events, marks)
 

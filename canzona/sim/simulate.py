@@ -170,6 +170,7 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
         rows.append({
             "step": 0, "measured": True, "rank": r, "dp_rank": d, "tp_rank": t,
             "iteration_ms": iter_ms[r], "optimizer_step_ms": step_ms[r],
+            "step_start_ms": tl.marks[r]["step_start"] * 1e3,
             **{f"{p}_ms": ph.get(p, 0.0) for p in PHASES},
             "compute_load": float(metrics.compute[d, t]), "loss": None, "param_gather_ms": sim.gather_ms(r),
             "param_sync_peer_ms": sim.peer_ms(r),

@@ -118,6 +118,7 @@ def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> lis
             "step": step, "measured": step >= cfg.train.warmup, "rank": ctx.rank, "dp_rank": ctx.dp_rank,
             "tp_rank": ctx.tp_rank, "iteration_ms": timer.at("end"),
             "optimizer_step_ms": timer.between("step_start", "step_end"),
+            "step_start_ms": timer.at("step_start"),
             "compute_load": planned, "loss": float(global_loss) / ctx.dp,
             **{f"{p}_ms": timer.ms.get(p, 0.0) for p in PHASES},
             "param_gather_ms": runtime.param_gather_ms,

@@ -80,3 +80,21 @@ def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
         summary = json.loads((tmp_path / "results" / "two" / row["trial_id"] / "summary.json").read_text())
         check = summary["program_check"]
         assert check["ok"] and check["rows_checked"] > 0, check["mismatches"]
+    # the per-rank timeline of the drawn step is that step: on every rank its events lie inside
+    # the rank's recorded optimizer step, and the forward's gather waits and the bucket reductions
+    # (before step_start, or in the next forward) are not among them
+    from analysis.load import load_sweep
+    from analysis.timeline import representative_step, step_events
+
+    sweep = load_sweep(tmp_path / "results" / "two")
+    for t in sweep.trials:
+        step = representative_step(t)
+        events, optimizer_only = step_events(t, step)
+        assert optimizer_only and events
+        rows = {s["rank"]: s for s in t.steps if s["step"] == step}
+        for rank, s in rows.items():
+            mine = [e for e in events if e["rank"] == rank]
+            end = max(e["start_ms"] + e["dur_ms"] for e in mine)
+            assert min(e["start_ms"] for e in mine) >= 0 and end <= s["optimizer_step_ms"] + 1e-6
+            assert end >= 0.5 * s["optimizer_step_ms"], (t.trial_id, rank, end, s["optimizer_step_ms"])
+            assert not {e.get("phase") for e in mine} & {"forward", "backward", "grad_reduce", "param_sync"}

@@ -279,12 +279,14 @@ def test_a_run_past_its_timeout_is_killed_with_its_ranks(tmp_path):
     (tmp_path / "pair.yaml").write_text(textwrap.dedent(PAIR))
     long = textwrap.dedent(PAIR).replace("train.steps: 2", "train.steps: 100000") + "include:\n  - {method: sync, train.steps: 2}\n"
     (tmp_path / "pair.yaml").write_text(long.replace("method: [canzona, sync]", "method: [canzona]"))
-    r = pair_sweep(tmp_path, "local.timeout_min=0.25")
+    # 30 s: the short run's fresh worker imports torch and megatron-core and starts a forkserver
+    # first (15 s was not enough on a loaded 2-core machine); the long one never ends in time
+    r = pair_sweep(tmp_path, "local.timeout_min=0.5")
     assert r.returncode == 1, r.stdout + r.stderr
     root = tmp_path / "results" / "pair"
     runs = {status(d)["trial_id"].split("-")[1]: status(d) for d in trial_dirs(root).values()}
     assert runs["canzona"]["status"] == "failed", runs
-    assert runs["canzona"]["error"].startswith("TimeoutError: the run took more than local.timeout_min=0.25"), runs
+    assert runs["canzona"]["error"].startswith("TimeoutError: the run took more than local.timeout_min=0.5"), runs
     assert runs["sync"]["status"] == "done", runs
     assert runs["canzona"]["job_id"].split(".")[0] != runs["sync"]["job_id"].split(".")[0]  # a new worker
     for job in (runs["canzona"]["job_id"], runs["sync"]["job_id"]):  # both workers gone, and all below them
