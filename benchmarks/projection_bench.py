@@ -5,7 +5,7 @@
 
 For every point (size × layout) of ``sweep=qwen3_scaling profile=paper_projection`` (micro-batch
 1 × 4096 tokens, Megatron's default buckets) or ``profile=paper_authors`` (the authors' launch
-settings: micro-batch 8 × 2048 tokens, buckets of 4e8 elements) projects the
+settings: 2048 tokens, the global batch of 128, buckets of 4e8 elements) projects the
 Muon trials of canzona, adamw and sync on the device profile (``canzona.sim``; canzona twice,
 with and without ``dist.overlap_param_gather``) and records:
 
