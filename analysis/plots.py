@@ -18,9 +18,14 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from analysis.stats import METHODS, METRICS, PHASES, method_order  # noqa: E402
 
-METHOD_COLORS = {"canzona": "#1b9e77", "sync": "#d95f02", "layerwise": "#7570b3", "adamw": "#666666"}
+METHOD_COLORS = {"canzona": "#1b9e77", "atomic": "#a6761d", "sync": "#d95f02", "layerwise": "#7570b3",
+                 "adamw": "#666666"}
 CAT_COLORS = {"compute": "#2a9d8f", "comm": "#e76f51", "wait": "#c9c9c9", "model": "#8da0cb"}
-PHASE_COLORS = dict(zip([*PHASES, "other"], sns.color_palette("tab10", len(PHASES) + 1).as_hex()))
+# as many distinct colours as phases ("other" included): tab10 has ten, one short
+PHASE_COLORS = dict(zip([*PHASES, "other"], [*sns.color_palette("tab10", 10).as_hex(), "#c7c7c7"]))
+# methods without a colour of their own (the ladder's rungs, other DP x TP pairs), in order
+EXTRA_COLORS = ("#e7298a", "#66a61e", "#e6ab02", "#1f78b4", "#b15928", "#6a3d9a", "#fb9a99", "#17becf")
+OPTIMIZER_MARKERS = {"muon": "o", "shampoo": "s", "soap": "^", "adamw": "D"}
 MAX_GANTT_RANKS = 16
 METRIC_LABELS = {"iteration_ms": "iteration time (ms)", "optimizer_step_ms": "optimizer step latency (ms)"}
 
@@ -32,8 +37,21 @@ def _rank(method: Any) -> int:
     return METHODS.index(method) if method in METHODS else len(METHODS)
 
 
+_EXTRA: dict[str, str] = {}
+
+
 def _color(method: str) -> Any:
-    return METHOD_COLORS.get(method, "#1f77b4")
+    """The method's colour: the presets' fixed ones, then a distinct one per other method in
+    the order first asked for (the report asks in method order, so it is stable per sweep)."""
+    if method in METHOD_COLORS:
+        return METHOD_COLORS[method]
+    if method not in _EXTRA:
+        _EXTRA[method] = EXTRA_COLORS[len(_EXTRA) % len(EXTRA_COLORS)]
+    return _EXTRA[method]
+
+
+def _marker(optimizer: Any) -> str:
+    return OPTIMIZER_MARKERS.get(str(optimizer), "v")
 
 
 def _svg(fig: plt.Figure) -> str:
@@ -80,7 +98,7 @@ def latency_vs_size(groups: pd.DataFrame, point_cols: list[str]) -> str | None:
                 y = d[f"{metric}_median"]
                 err = np.vstack([y - d[f"{metric}_p10"], d[f"{metric}_p90"] - y]).clip(min=0)
                 label = method if method == "adamw" else f"{method} ({opt}{', ' + variant if variant else ''})"
-                ax.errorbar(d["x"], y, yerr=err, marker="o", capsize=3, color=_color(method),
+                ax.errorbar(d["x"], y, yerr=err, marker=_marker(opt), capsize=3, color=_color(method),
                             linestyle="-" if method != "adamw" else "--", label=label)
             ax.set_title(f"{METRIC_LABELS[metric].split(' (')[0]} — {layout}", fontsize=10)
             ax.set_ylabel(METRIC_LABELS[metric] if col == 0 or n == 1 else "")

@@ -227,6 +227,8 @@ def _measured(sweep: Sweep, out_dir: Path) -> dict[str, Any]:
         "extra_pcols": [c for c in pcols if c not in stats.POINT_BASE],
         "headline": _headline_rows(speedups, groups, pcols),
         "baselines": stats.baselines_in(speedups["baseline"].unique() if len(speedups) else []),
+        "verdicts": stats.verdict_lines(speedups),
+        "n_configs": int(trials["config_id"].nunique()) if len(trials) else 0,
         "groups": _records(groups),
         "figures": figures,
         "showcase_point": {k: _clean(v) for k, v in point.items()},
@@ -239,7 +241,8 @@ def _measured(sweep: Sweep, out_dir: Path) -> dict[str, Any]:
 
 
 def _no_measured() -> dict[str, Any]:
-    return {"_trials": None, "pcols": list(stats.POINT_BASE), "extra_pcols": [], "headline": [],
+    return {"_trials": None, "pcols": list(stats.POINT_BASE), "extra_pcols": [], "headline": [], "verdicts": [],
+            "n_configs": 0,
             "baselines": list(stats.BASELINES), "groups": [],
             "figures": dict.fromkeys(("latency", "speedup", "loads", "phases", "gantt")), "showcase_point": {},
             "chosen": {}, "gantt_info": [], "load_rows": {}, "phases_tbl": [], "traces": {}}

@@ -321,7 +321,7 @@ def speedup_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
     pcols = trials.attrs["point_columns"]
     ok = trials[trials["source"] == "steps"]
     cols = [*pcols, "canzona_variant", "comparison", "baseline", "baseline_variant", "metric", "kind",
-            "value", "ci_low", "ci_high", "paired", "canzona_median", "baseline_median", "n_trials_canzona",
+            "value", "ci_low", "ci_high", "verdict", "paired", "canzona_median", "baseline_median", "n_trials_canzona",
             "n_trials_baseline", "n_steps_canzona", "n_steps_baseline"]
     rows = []
     can = ok[ok["method"] == "canzona"]
@@ -352,13 +352,40 @@ def speedup_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
                     kind = "speedup"
                 r = dict(point)
                 r.update(canzona_variant=key[-1], comparison=comparison, baseline=b, baseline_variant=bv,
-                         metric=m, kind=kind, value=value, ci_low=lo, ci_high=hi, paired=pairs is not None,
+                         metric=m, kind=kind, value=value, ci_low=lo, ci_high=hi, verdict=verdict(kind, lo, hi),
+                         paired=pairs is not None,
                          canzona_median=float(np.median(np.concatenate(cs))) if cs else math.nan,
                          baseline_median=float(np.median(np.concatenate(bs))) if bs else math.nan,
                          n_trials_canzona=len(cs), n_trials_baseline=len(bs),
                          n_steps_canzona=int(sum(a.size for a in cs)), n_steps_baseline=int(sum(a.size for a in bs)))
                 rows.append(r)
     return _sorted(pd.DataFrame(rows, columns=cols), trials, pcols)
+
+
+def verdict(kind: str, lo: float, hi: float) -> str:
+    """What a ratio's interval says, in words: a speedup (baseline ÷ canzona) is ``faster`` or
+    ``slower`` when the whole interval lies on one side of 1; an overhead (canzona ÷ adamw) is
+    ``costs more`` or ``costs less``; otherwise ``not decisive``."""
+    if not (lo == lo and hi == hi):  # NaN: no interval
+        return "not decisive"
+    above, below = lo > 1.0, hi < 1.0
+    if kind == "overhead":
+        return "costs more" if above else "costs less" if below else "not decisive"
+    return "faster" if above else "slower" if below else "not decisive"
+
+
+def verdict_lines(speedups: pd.DataFrame) -> list[dict[str, object]]:
+    """Per comparison and metric, over the sweep's points: how many the ratio decides each way
+    at the report's interval, with the range of the ratios (the headline's sentence)."""
+    out = []
+    if speedups.empty:
+        return out
+    for (b, m), d in speedups.groupby(["baseline", "metric"], sort=False):
+        counts = d["verdict"].value_counts().to_dict()
+        out.append({"baseline": b, "metric": m, "kind": d["kind"].iloc[0], "points": len(d), "counts": counts,
+                    "low": float(d["value"].min()), "high": float(d["value"].max())})
+    order = {b: i for i, b in enumerate([*baselines_in(speedups["baseline"].unique()), "adamw"])}
+    return sorted(out, key=lambda r: (r["metric"] != "optimizer_step_ms", order.get(r["baseline"], 99)))
 
 
 def _eq(series: pd.Series, value: object) -> pd.Series:

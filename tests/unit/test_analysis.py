@@ -350,3 +350,43 @@ def test_a_vocabulary_override_labels_the_model_once_for_every_layout() -> None:
     assert len(sizes) == 1
     plain = model_params({"model": {"name": "qwen3-32b"}, "parallel": {"tp": 8}})
     assert sizes.pop() == plain - 2 * 151936 * 5120 + 50304 * 5120  # untied 151936 -> tied 50304 rows
+
+
+def test_headline_says_in_words_what_each_interval_decides(built):
+    """Every ratio carries the verdict its interval gives (faster / slower / not decisive; an
+    overhead costs more / less), styled apart; the headline's sentences count them per
+    comparison, and speedups.csv has the same verdicts."""
+    import re
+
+    from analysis.stats import verdict
+
+    _, index = built
+    html = Path(index).read_text()
+    spans = re.findall(r'<span class="ratio (\w+)" data-id="[^"]*" data-value="([^"]*)" data-lo="([^"]*)" '
+                       r'data-hi="([^"]*)" data-verdict="([^"]*)"', html)
+    assert spans
+    for style, _value, lo, hi, said in spans:
+        lo_f, hi_f = float(lo or "nan"), float(hi or "nan")
+        assert said in (verdict("speedup", lo_f, hi_f), verdict("overhead", lo_f, hi_f))
+        assert style == ("good" if said in ("faster", "costs less") else "bad" if said in ("slower", "costs more")
+                         else "undecided")
+    sp = pd.read_csv(Path(index).parent / "speedups.csv")
+    assert set(sp["verdict"]) <= {"faster", "slower", "not decisive", "costs more", "costs less"}
+    lines = re.findall(r'<li data-baseline="([^"]+)" data-metric="([^"]+)">(.*?)</li>', html, re.S)
+    assert {(b, m) for b, m, _ in lines} == set(zip(sp["baseline"], sp["metric"]))
+    for b, m, text in lines:
+        d = sp[(sp["baseline"] == b) & (sp["metric"] == m)]
+        assert f"of {len(d)} point" in text
+    assert verdict("speedup", 1.02, 1.3) == "faster" and verdict("speedup", 0.9, 1.1) == "not decisive"
+    assert verdict("overhead", 1.1, 1.4) == "costs more" and verdict("speedup", 0.5, 0.9) == "slower"
+
+
+def test_plot_colours_tell_methods_and_phases_apart() -> None:
+    from analysis import plots
+    from canzona.records import PHASES
+
+    assert len(set(plots.PHASE_COLORS.values())) == len(PHASES) + 1  # "other" too
+    methods = ["canzona", "atomic", "sync", "layerwise", "adamw", "zero1_atomic+async", "balanced+async",
+               "zero1_atomic+async_balanced"]
+    assert len({plots._color(m) for m in methods}) == len(methods)
+    assert len({plots._marker(o) for o in ("muon", "shampoo", "soap", "adamw")}) == 4
