@@ -16,7 +16,9 @@ per failing rank (nothing written) if a rank breaks a rule or would run out of m
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -50,8 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(cfg.out)
     if cfg.dist.dry_run:
         return dry_run_main(cfg, out)
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's or kill's SIGTERM: stop as on Ctrl-C
+    started = time.time()
     try:
         summary = run_rank_from_env(cfg, out) if launched_externally() else run_trial(cfg, out)
+    except KeyboardInterrupt:
+        stale = (out / "summary.json").is_file() and (out / "summary.json").stat().st_mtime < started
+        print("interrupted: the trial's ranks were stopped; this run wrote no records"
+              + (f" ({out / 'summary.json'} is an earlier run's)" if stale else ""), file=sys.stderr)
+        return 130
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -66,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             f"(median of {cfg.train.steps}); records in {out}"
         )
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def dry_run_main(cfg, out: Path) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from canzona import pythonpath_with_checkout
 from canzona.config import TrialConfig, load_config
 from canzona.errors import ConfigError
 from canzona.net import free_port
+from canzona.trial import lifeline
 from canzona.trial.env import LOCAL_ADDR, LaunchEnv, launch_env, launched_externally
 from canzona.trial.rank import run_rank
 
@@ -44,12 +46,30 @@ def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
     _forkserver_imports_this_checkout()
     rules = os.environ.get(dist_rules.ENV, "")
     ctx = mp.start_processes(  # the plan travels to the ranks as it is: the trial plans once
-        _spawned_rank, args=(cfg.to_dict(), plan, str(out), free_port(), world, rules), nprocs=world, join=False,
-        start_method=start_method,
+        _spawned_rank, args=(cfg.to_dict(), plan, str(out), free_port(), world, rules, lifeline.identity()),
+        nprocs=world, join=False, start_method=start_method,
     )
-    while not ctx.join():  # raises ProcessRaisedException / ProcessExitedException, killing the rest
-        pass
+    try:
+        while not ctx.join():  # raises ProcessRaisedException / ProcessExitedException, killing the rest
+            pass
+    except KeyboardInterrupt:  # SIGINT, or SIGTERM where the command line maps it (canzona.run)
+        stop_ranks(ctx.processes)
+        raise
     return json.loads((out / "summary.json").read_text())
+
+
+def stop_ranks(processes: list[Any], grace_s: float = 5.0) -> None:
+    """SIGTERM every rank still running, then SIGKILL what is left after ``grace_s``."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def _forkserver_imports_this_checkout() -> None:
@@ -60,9 +80,10 @@ def _forkserver_imports_this_checkout() -> None:
 
 
 def _spawned_rank(local_rank: int, cfg_dict: dict[str, Any], plan: Any, out: str, port: int, world: int,
-                  rules: str) -> None:
+                  rules: str, launcher: tuple[int, str | None]) -> None:
     from canzona import dist_rules
 
+    lifeline.watch(launcher)  # forked from the forkserver: nothing else ends this rank with its launcher
     launch = LaunchEnv(local_rank, world, local_rank, world, LOCAL_ADDR, port)
     os.environ.update({**launch.exports(), dist_rules.ENV: rules})
     cfg = load_config(base=cfg_dict)
