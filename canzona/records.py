@@ -77,6 +77,36 @@ CATEGORY = {
     "wait": "wait",
 }
 
+def writable_folder(path: str | os.PathLike, key: str) -> Path:
+    """``path`` as a folder this process can write into, made if missing; else a one-line
+    `ConfigError` naming ``key`` (an existing file, a path under something that is not a folder,
+    no permission, a read-only or virtual filesystem). Leaves nothing behind when it fails: a
+    probe file is written and removed, folders it made are removed again."""
+    from canzona.errors import ConfigError
+
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{key}={path}: exists and is not a folder; give a folder (or a new path)")
+    made = []
+    anc = p
+    while not anc.exists():
+        made.append(anc)
+        anc = anc.parent
+    try:
+        for d in reversed(made):
+            d.mkdir()
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".write-probe-"):
+            pass
+    except OSError as e:
+        for d in made:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise ConfigError(f"{key}={path}: cannot write there ({e.strerror or e}); give a folder this user can write") from None
+    return p
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

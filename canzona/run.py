@@ -24,6 +24,7 @@ from pathlib import Path
 
 from canzona.config import parse_cli
 from canzona.errors import ConfigError
+from canzona.records import writable_folder
 from canzona.trial.launch import launched_externally, run_rank_from_env, run_trial
 
 __all__ = ["launched_externally", "main", "run_rank_from_env", "run_trial"]
@@ -49,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(cfg.out)
+    try:
+        out = writable_folder(cfg.out, "out")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if cfg.dist.dry_run:
         return dry_run_main(cfg, out)
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's or kill's SIGTERM: stop as on Ctrl-C

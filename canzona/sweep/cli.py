@@ -18,7 +18,7 @@ from typing import TextIO
 import yaml
 
 from canzona.errors import ConfigError
-from canzona.records import atomic_write_json, atomic_write_text
+from canzona.records import atomic_write_json, atomic_write_text, writable_folder
 from canzona.sim.profile import Profile, load_profile
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.dryrun import dry_run_trials, memory_table
@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
             return list_sweeps(out, configs_dir)
         plan = build_plan(argv, configs_dir)
         check_environment(plan)
+        if not plan.settings.dry_run:  # a results folder we cannot write: one line, before anything runs
+            writable_folder(plan.settings.results, "results")
         lock = None if plan.settings.dry_run else ResultsLock(plan.results_dir, [sys.argv[0], *argv])
         if lock is not None:  # a dry run runs nothing and touches no record: no lock
             lock.acquire()

@@ -97,7 +97,10 @@ def load_sweep_file(name: str, configs_dir: Path = CONFIGS_DIR) -> SweepFile:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {str(e).splitlines()[0]}") from None
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(x) for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x)
+        raise ConfigError(f"{path}: invalid YAML{where}: {what or str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a sweep file is a mapping with keys {', '.join(TOP_KEYS)}")
     check_keys(raw, TOP_KEYS, str(path))
