@@ -77,6 +77,10 @@ CATEGORY = {
     "wait": "wait",
 }
 
+# What a trial writes into its ``out`` folder (a trial's records, and a dry run's report).
+RECORD_FILES = ("config.yaml", "steps.jsonl", "trace.json", "summary.json", "dryrun.json", "dryrun.txt")
+
+
 def writable_folder(path: str | os.PathLike, key: str) -> Path:
     """``path`` as a folder this process can write into, made if missing; else a one-line
     `ConfigError` naming ``key`` (an existing file, a path under something that is not a folder,

@@ -24,12 +24,13 @@ from pathlib import Path
 
 from canzona.config import parse_cli
 from canzona.errors import ConfigError
-from canzona.records import writable_folder
+from canzona.records import RECORD_FILES, writable_folder
 from canzona.trial.launch import launched_externally, run_rank_from_env, run_trial
 
 __all__ = ["launched_externally", "main", "run_rank_from_env", "run_trial"]
 
-USAGE = "usage: python -m canzona.run [key=value ...] out=DIR   (see README: configuration)"
+USAGE = ("usage: python -m canzona.run [key=value ...] out=DIR [--overwrite]   (see README: configuration;\n"
+         "       --overwrite: replace the records an earlier run left in DIR)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     try:
-        cfg, _ = parse_cli(argv)
+        cfg, args = parse_cli(argv, flags=("--overwrite",))
         if not cfg.out:
             raise ConfigError("out=DIR is required: where the trial writes its records")
         from canzona.cost import NumelCost
@@ -52,9 +53,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         out = writable_folder(cfg.out, "out")
+        earlier = [name for name in RECORD_FILES if (out / name).exists()]
+        if earlier and "--overwrite" not in args.flags:
+            raise ConfigError(f"out={cfg.out} holds an earlier run's records ({', '.join(earlier)}); give a new "
+                              f"out=DIR, or --overwrite to replace them")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for name in earlier:  # --overwrite: gone before this run starts, so a failure leaves no earlier record
+        (out / name).unlink(missing_ok=True)
     if cfg.dist.dry_run:
         return dry_run_main(cfg, out)
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's or kill's SIGTERM: stop as on Ctrl-C

@@ -48,3 +48,24 @@ def test_sweep_yaml_error_names_line_and_column(tmp_path: Path, capsys) -> None:
     line = _one_error_line(capsys)
     assert f"{bad}: invalid YAML at line 4, column 1:" in line and "flow sequence" in line
     assert not (tmp_path / "r").exists()
+
+
+def test_trial_refuses_an_out_holding_an_earlier_runs_records(tmp_path: Path, capsys) -> None:
+    (tmp_path / "summary.json").write_text('{"earlier": true}')
+    (tmp_path / "config.yaml").write_text("earlier: true\n")
+    assert run_main([*TINY, f"out={tmp_path}"]) == 2
+    line = _one_error_line(capsys)
+    assert "holds an earlier run's records (config.yaml, summary.json)" in line and "--overwrite" in line
+    assert (tmp_path / "summary.json").read_text() == '{"earlier": true}'
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_the_records_even_when_the_new_run_fails(tmp_path: Path, capsys) -> None:
+    """--overwrite removes the earlier records first, so a run that fails leaves none that look
+    complete (and one that succeeds leaves its own)."""
+    (tmp_path / "summary.json").write_text('{"earlier": true}')
+    rc = run_main([*TINY, "parallel.dp=2", "dist.threads_per_rank=1", "train.fail_on_rank=1",
+                   "train.fail_at_step=0", f"out={tmp_path}", "--overwrite"])
+    assert rc == 1 and not (tmp_path / "summary.json").exists()
+    assert run_main([*TINY, "train.steps=1", "train.warmup=0", f"out={tmp_path}", "--overwrite"]) == 0
+    assert "earlier" not in (tmp_path / "summary.json").read_text()
