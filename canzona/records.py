@@ -82,10 +82,10 @@ RECORD_FILES = ("config.yaml", "steps.jsonl", "trace.json", "summary.json", "dry
 
 
 def writable_folder(path: str | os.PathLike, key: str) -> Path:
-    """``path`` as a folder this process can write into, made if missing; else a one-line
-    `ConfigError` naming ``key`` (an existing file, a path under something that is not a folder,
-    no permission, a read-only or virtual filesystem). Leaves nothing behind when it fails: a
-    probe file is written and removed, folders it made are removed again."""
+    """Check that ``path`` is, or can be made, a folder this process can write into; else a
+    one-line `ConfigError` naming ``key`` (an existing file, a path under something that is not
+    a folder, no permission, a read-only or virtual filesystem). Leaves nothing behind: a probe
+    file is written and removed, and so are the folders made for it (the run makes its own)."""
     from canzona.errors import ConfigError
 
     p = Path(path)
@@ -102,12 +102,13 @@ def writable_folder(path: str | os.PathLike, key: str) -> Path:
         with tempfile.NamedTemporaryFile(dir=p, prefix=".write-probe-"):
             pass
     except OSError as e:
+        raise ConfigError(f"{key}={path}: cannot write there ({e.strerror or e}); give a folder this user can write") from None
+    finally:
         for d in made:
             try:
                 d.rmdir()
             except OSError:
                 pass
-        raise ConfigError(f"{key}={path}: cannot write there ({e.strerror or e}); give a folder this user can write") from None
     return p
 
 

@@ -13,14 +13,15 @@ The authors' ablation ladder (Megatron-Canzona's README, ``muon-dp8-{DPasync}_{D
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from baselines import ddp, duplicated, layerwise, zero1_atomic
 from canzona.errors import ConfigError
 from canzona.plan.strategies import async_balanced, async_groups, balanced, local, zero1
+from canzona.plan.types import DpStrategy, TpStrategy
 
-DP_STRATEGIES: dict[str, Any] = {m.NAME: m for m in (ddp, zero1_atomic, balanced, layerwise, zero1)}
-TP_STRATEGIES: dict[str, Any] = {m.NAME: m for m in (duplicated, async_groups, async_balanced, local)}
+DP_STRATEGIES: dict[str, DpStrategy] = {m.NAME: m for m in (ddp, zero1_atomic, balanced, layerwise, zero1)}  # type: ignore[misc]
+TP_STRATEGIES: dict[str, TpStrategy] = {m.NAME: m for m in (duplicated, async_groups, async_balanced, local)}  # type: ignore[misc]
 
 
 class Preset(NamedTuple):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from canzona.inventory import ParamSpec
 from canzona.plan.buckets import BufferLayout
@@ -98,6 +98,35 @@ class DpLayout:
     dp_owner: tuple[int | None, ...]
     # TP owners a joint DP x TP balance chose, for a TP strategy that takes them
     tp_hint: dict[int, int] | None = None
+
+
+class DpStrategy(Protocol):
+    """What a DP strategy module provides (`canzona.plan.registry.DP_STRATEGIES`)."""
+
+    NAME: str
+    SUMMARY: str
+    RUNG: str | None  # its name on the authors' ladder ("1_0"), None if it is not on it
+    ELEMENTWISE_ONLY: bool  # every param gets the elementwise rule, whatever the optimizer
+
+    def candidates(self, inputs: PlanInputs, tp_split: frozenset[int]) -> list[DpLayout]:
+        """Candidate layouts; ``tp_split``: the matrices the TP strategy gives one TP owner each."""
+        ...
+
+    # with several candidates also: score(plan: Plan, inputs: PlanInputs) -> float, lower is better
+
+
+class TpStrategy(Protocol):
+    """What a TP strategy module provides (`canzona.plan.registry.TP_STRATEGIES`)."""
+
+    NAME: str
+    SUMMARY: str
+    RUNG: str | None
+    MODE: TpMode  # pipeline: micro-groups with one owner per matrix; duplicated; local
+
+    def groups(self, items: list[int], inputs: PlanInputs, hint: dict[int, int] | None) -> list[MicroGroup]:
+        """One DP rank's micro-groups of ``items`` (its TP-sharded matrices, inventory order);
+        ``hint``: TP owners a joint DP x TP balance chose, which a strategy may keep."""
+        ...
 
 
 @dataclass(frozen=True)
