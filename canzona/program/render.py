@@ -79,7 +79,7 @@ def render_program(plan, program: Program) -> str:
             n = sum(e - s for s, e in a.ranges)
             text = f"adamw  {a.tag:<22} {len(a.ranges)} ranges, {n:,} elements"
         elif isinstance(a, GradNorm):
-            text = f"norm   {a.tag:<22} float64 sum of squares over {sum(e - s for s, e in a.ranges):,} gradient elements"
+            text = f"norm   {a.tag:<22} {a.dtype} sum of squares over {sum(e - s for s, e in a.ranges):,} gradient elements"
         elif isinstance(a, ClipScale):
             text = (f"clip   {a.tag:<22} scale {sum(e - s for s, e in a.ranges):,} gradient elements if the norm "
                     f"from {a.norm!r} exceeds {a.max_norm:g}")

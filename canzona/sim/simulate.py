@@ -104,8 +104,8 @@ def assumptions(cfg: TrialConfig, prof: Profile, scale: float, step_scale: float
             "their reduction and the TP gathers/scatters float32; "
             + ("fp32 main parameters updated and copied into the model inside the step"
                if ex.dtype != "float32" else "the model's parameters are the main parameters"),
-            (f"gradient-norm clipping at {ex.clip_grad:g} inside the step: a float64 sum of squares per rank and "
-             "its all-reduce, then scaling" if ex.clip_grad > 0 else "no gradient clipping"),
+            (f"gradient-norm clipping at {ex.clip_grad:g} inside the step: a {ex.clip_norm_dtype} sum of squares per "
+             "rank and its all-reduce, then scaling" if ex.clip_grad > 0 else "no gradient clipping"),
             ("parameter all-gather overlapped with the next forward as Megatron does: one bucket in flight, each "
              "waited for in the pre-hook of the first module using it, which dispatches the next"
              if ex.overlap_param_gather else "parameter all-gather after the step, not overlapped"),
