@@ -16,7 +16,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
@@ -230,15 +232,11 @@ def dry_run_fits(sweep_path: Path, limits: dict[str, float | None]) -> dict[str,
 
 
 def _limit_of(error: str) -> float | None:
-    import re
-
     m = re.search(r"dist\.dry_run_memory_gb=([0-9.]+)", error)
     return float(m.group(1)) if m else None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    import json
-
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

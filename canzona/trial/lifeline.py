@@ -19,14 +19,19 @@ from pathlib import Path
 LOST_LAUNCHER_EXIT = 1  # nobody reads it: the launcher is gone
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), None if unreadable."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def identity(pid: int | None = None) -> tuple[int, str | None]:
     """(pid, start time) of a process (default: this one); the start time is None off Linux."""
     pid = os.getpid() if pid is None else pid
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return pid, stat.rsplit(")", 1)[1].split()[19]  # field 22, starttime (after comm)
-    except (OSError, IndexError):
-        return pid, None
+    fields = _stat(pid)
+    return pid, fields[19] if fields and len(fields) > 19 else None  # field 22 of stat: starttime
 
 
 def alive(who: tuple[int, str | None]) -> bool:
@@ -40,11 +45,8 @@ def alive(who: tuple[int, str | None]) -> bool:
         return True
     if started is None:
         return True
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[0] != "Z" and fields[19] == started
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z" and fields[19] == started
 
 
 def watch(launcher: tuple[int, str | None], interval_s: float = 0.5) -> threading.Thread:
