@@ -31,8 +31,8 @@ import yaml
 from canzona.errors import ConfigError
 from canzona.inventory import ParamSpec
 from canzona.optim import registry
-from canzona.optim.rule import OptimizerDef
 from canzona.optim.section import OptimizerSection
+from canzona.optim.spec import OptimizerDef
 
 if TYPE_CHECKING:
     from canzona.calibrate.cache import Calibration

@@ -2,7 +2,7 @@
 
 Used where nothing can be timed -- a GPU cluster planned from a laptop (``dist.device=cuda``
 without a GPU, the simulator's projections) -- or when asked for (``canzona.cost=roofline``).
-Per kernel (`canzona.optim.rule.OptimizerDef.kernels`: the matrix, or each block of a blocked
+Per kernel (`canzona.optim.spec.OptimizerDef.kernels`: the matrix, or each block of a blocked
 preconditioner) an update costs
 
     steady flops / matmul peak (in the optimizer's matmul dtype)
@@ -23,7 +23,7 @@ from typing import Any
 
 from canzona.inventory import ParamSpec
 from canzona.optim import registry
-from canzona.optim.rule import OptimizerDef
+from canzona.optim.spec import OptimizerDef
 from canzona.sim.profile import Profile, load_profile
 
 

@@ -21,13 +21,24 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from canzona.config import parse_cli
 from canzona.errors import ConfigError
 from canzona.records import RECORD_FILES, writable_folder
-from canzona.trial.launch import launched_externally, run_rank_from_env, run_trial
 
-__all__ = ["launched_externally", "main", "run_rank_from_env", "run_trial"]
+__all__ = ["main"]
+_LAUNCH = ("launched_externally", "run_rank_from_env", "run_trial")
+
+
+def __getattr__(name: str) -> Any:
+    """`canzona.trial.launch`'s entry points, imported on first use: the command line checks its
+    arguments without loading torch."""
+    if name in _LAUNCH:
+        from canzona.trial import launch
+
+        return getattr(launch, name)
+    raise AttributeError(f"module 'canzona.run' has no attribute {name!r}")
 
 USAGE = ("usage: python -m canzona.run [key=value ...] out=DIR [--overwrite]   (see README: configuration;\n"
          "       --overwrite: replace the records an earlier run left in DIR)")
@@ -64,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / name).unlink(missing_ok=True)
     if cfg.dist.dry_run:
         return dry_run_main(cfg, out)
+    from canzona.trial.launch import launched_externally, run_rank_from_env, run_trial
+
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's or kill's SIGTERM: stop as on Ctrl-C
     started = time.time()
     try:
@@ -77,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - report any rank failure as one trial failure
-        print(f"trial failed: {type(e).__name__}: {e}", file=sys.stderr)
-        traceback.print_exc()
+        print(failure_text(e), file=sys.stderr)
         return 1
     if summary is not None:
         print(
@@ -87,6 +99,18 @@ def main(argv: list[str] | None = None) -> int:
             f"(median of {cfg.train.steps}); records in {out}"
         )
     return 0
+
+
+def failure_text(error: BaseException) -> str:
+    """A failed trial, told once: a rank's failure as that rank's own traceback (the launcher's
+    frames, which only say that it waited, left out), anything else with its traceback."""
+    from torch.multiprocessing import ProcessRaisedException
+
+    if isinstance(error, ProcessRaisedException):
+        rank_traceback = str(error).split("terminated with the following error:", 1)[-1].strip()
+        return f"trial failed: rank {error.error_index} raised\n{rank_traceback}"
+    lines = traceback.format_exception(error)
+    return f"trial failed: {type(error).__name__}: {error}\n" + "".join(lines[:-1]).rstrip()
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -1,6 +1,6 @@
 """Timing the work the planner's measured costs stand for, as the executor runs it.
 
-- A matrix optimizer's update of one kernel shape (`canzona.optim.rule.OptimizerDef.kernels`:
+- A matrix optimizer's update of one kernel shape (`canzona.optim.spec.OptimizerDef.kernels`:
   the matrix, or one block of a blocked preconditioner): one call of the rule on one matrix,
   as `canzona.optim.owner.MatrixUpdates` calls it -- the rule runs matrix by matrix, so one
   matrix's time, Python and dispatch overhead included, is what each matrix adds to a step
@@ -156,7 +156,7 @@ def _update_call(clock: Clock, job: Job, shape: Shape, step: int) -> Callable[[]
     SOAP's bases), on fresh state of its own."""
     import torch
 
-    rule = registry.get(job.optimizer).rule(job.settings)
+    rule = registry.get(job.optimizer).make_rule(job.settings)
     grad = torch.randn(*shape, device=clock.device)
     state = rule.init_state(shape, clock.device, torch.float32)
     rule.directions([grad], [state], 1)

@@ -7,8 +7,7 @@ Names are resolved lazily: importing megatron-core takes several seconds, so
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from canzona.lazy import exports
 
 _EXPORTS = {
     "Qwen3Model": "qwen3",
@@ -29,8 +28,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = exports(__name__, _EXPORTS)

@@ -1,30 +1,35 @@
 """Optimizer maths (no ranks, no process groups): update rules, their registry, and the shared
 apply step. `canzona.optim.registry` lists the optimizers; `canzona.optim.owner` is what an
-owner of whole tensors (or flat shards) runs."""
+owner of whole tensors (or flat shards) runs.
 
-from canzona.optim.adamw import AdamW, fused_adamw_step
-from canzona.optim.muon import Muon, lr_scale
-from canzona.optim.newton_schulz import newton_schulz
-from canzona.optim.registry import NAMES, REGISTERED, get, learning_rate, make_rule
-from canzona.optim.rule import OptimizerDef, Option, UpdateRule, apply_update
-from canzona.optim.shampoo import Shampoo
-from canzona.optim.soap import SOAP
+The names below are imported on first use (PEP 562), so that importing the registry or the
+config schema (`canzona.optim.definitions`, `canzona.optim.spec`) does not import torch.
+Newton–Schulz is `canzona.optim.newton_schulz.newton_schulz` (the package attribute of that name
+is its module).
+"""
 
-__all__ = [
-    "NAMES",
-    "REGISTERED",
-    "SOAP",
-    "AdamW",
-    "Muon",
-    "Option",
-    "OptimizerDef",
-    "Shampoo",
-    "UpdateRule",
-    "apply_update",
-    "fused_adamw_step",
-    "get",
-    "learning_rate",
-    "lr_scale",
-    "make_rule",
-    "newton_schulz",
-]
+from __future__ import annotations
+
+from canzona.lazy import exports
+
+_EXPORTS = {
+    "AdamW": "adamw",
+    "fused_adamw_step": "adamw",
+    "Muon": "muon",
+    "lr_scale": "muon",
+    "NAMES": "registry",
+    "REGISTERED": "registry",
+    "get": "registry",
+    "learning_rate": "registry",
+    "make_rule": "registry",
+    "OptimizerDef": "spec",
+    "Option": "spec",
+    "UpdateRule": "rule",
+    "apply_update": "rule",
+    "Shampoo": "shampoo",
+    "SOAP": "soap",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = exports(__name__, _EXPORTS)

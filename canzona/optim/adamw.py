@@ -27,16 +27,13 @@ The arithmetic is torch.optim.AdamW's: decoupled decay ``param *= 1 - lr·wd``, 
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from canzona.optim.rule import OptimizerDef, Option, Settings, Shape, UpdateRule
+from canzona.optim.rule import Settings, UpdateRule
 
 ALIGN = 64
 # Two moment updates, bias corrections, sqrt, division, decoupled decay and the update itself.
-FLOPS_PER_ELEMENT = 12.0
 
 
 def _flat(t: Tensor, what: str) -> Tensor:
@@ -107,6 +104,10 @@ class AdamW(UpdateRule):
         self.betas = tuple(betas)
         self.eps = eps
 
+    @classmethod
+    def from_config(cls, opt: Settings) -> AdamW:
+        return cls(betas=opt.betas, eps=opt.eps)
+
     def init_state(
         self, shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype
     ) -> dict[str, Tensor]:
@@ -135,26 +136,3 @@ class AdamW(UpdateRule):
         zeros = [torch.zeros_like(g) for g in grads]
         self.step(zeros, grads, states, step, lr=1.0, weight_decay=0.0)
         return [z.neg_() for z in zeros]
-
-
-def _steady_flops(shape: Shape, s: Settings) -> float:
-    return FLOPS_PER_ELEMENT * shape[0] * shape[1]
-
-
-def _state_numel(shape: tuple[int, ...], s: Settings) -> int:
-    return 2 * math.prod(shape)  # exp_avg and exp_avg_sq
-
-
-# Shampoo and SOAP read betas and eps too (Adam grafting, Adam in the eigenbasis).
-BETAS = Option("betas", tuple[float, float], (0.9, 0.95), "Adam moment coefficients")
-EPS = Option("eps", float, 1e-8, "Adam denominator epsilon")
-OPTIONS = (Option("adamw_lr", float, 1e-3, "learning rate of AdamW parameters"), BETAS, EPS)
-
-OPTIMIZER = OptimizerDef(
-    name="adamw",
-    rule=lambda s: AdamW(betas=s.betas, eps=s.eps),
-    options=OPTIONS,
-    matrix=False,
-    steady_flops=_steady_flops,
-    state_numel=_state_numel,
-)

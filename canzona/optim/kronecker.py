@@ -25,24 +25,12 @@ grow linearly with B.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from canzona.optim.rule import OptimizerDef, Option, Settings, Shape, UpdateRule, check_matrices
-
-MAX_PRECONDITIONER_DIM = 8192
-# A dense symmetric eigendecomposition (tridiagonalisation + QR iterations + back-transform)
-# costs about 9 n^3 flops; one power iteration + QR of an n x n basis about 2 n^3 + 4/3 n^3.
-EIGH_FLOPS_FACTOR = 9.0
-POWER_QR_FLOPS_FACTOR = 2.0 + 4.0 / 3.0
-
-OPTIONS = (
-    Option("precondition_frequency", int, 10, "steps between preconditioner refreshes", minimum=1),
-    Option("max_preconditioner_dim", int, MAX_PRECONDITIONER_DIM,
-           "largest preconditioner side; longer sides are cut into blocks", minimum=1),
-)
+from canzona.optim.definitions import block_shapes, blocks
+from canzona.optim.rule import Shape, UpdateRule, check_matrices
 
 
 def is_refresh_step(step: int, frequency: int) -> bool:
@@ -50,29 +38,10 @@ def is_refresh_step(step: int, frequency: int) -> bool:
     return (step - 1) % frequency == 0
 
 
-def _cuts(size: int, max_dim: int) -> list[slice]:
-    return [slice(a, min(a + max_dim, size)) for a in range(0, size, max_dim)]
-
-
-def blocks(shape: tuple[int, ...], max_dim: int) -> list[tuple[slice, slice]]:
-    """The (rows, cols) slices of each block, row-major; one block when no side exceeds max_dim."""
-    rows, cols = shape
-    return [(r, c) for r in _cuts(rows, max_dim) for c in _cuts(cols, max_dim)]
-
-
 def block_of(t: Tensor, rows: slice, cols: slice) -> Tensor:
     """The view ``t[rows, cols]`` (by narrow: Python slicing fails on fake CUDA tensors of a
     CPU-only torch, which the dry run uses)."""
     return t.narrow(0, rows.start, rows.stop - rows.start).narrow(1, cols.start, cols.stop - cols.start)
-
-
-def block_shapes(shape: tuple[int, ...], max_dim: int) -> list[Shape]:
-    return [(r.stop - r.start, c.stop - c.start) for r, c in blocks(shape, max_dim)]
-
-
-def factor_state_numel(shape: tuple[int, ...], max_dim: int) -> int:
-    """Per block: two moments (m·n each), two factors and two roots or bases (m², n² each)."""
-    return sum(2 * m * n + 2 * m * m + 2 * n * n for m, n in block_shapes(shape, max_dim))
 
 
 class KroneckerRule(UpdateRule):
@@ -151,34 +120,3 @@ def kronecker_state(
     shapes = {"exp_avg": (rows, cols), "exp_avg_sq": (rows, cols), "L": (rows, rows), "R": (cols, cols),
               left: (rows, rows), right: (cols, cols)}
     return {k: torch.zeros(s, device=device, dtype=dtype) for k, s in shapes.items()}
-
-
-def cube_sum(m: int, n: int) -> float:
-    return float(m) ** 3 + float(n) ** 3
-
-
-def definition(
-    name: str,
-    rule: Callable[[Settings], UpdateRule],
-    options: tuple[Option, ...],
-    block_steady_flops: Callable[[int, int], float],
-    block_refresh_flops: Callable[[int, int], float],
-    elementwise_passes: float,
-) -> OptimizerDef:
-    """The `OptimizerDef` of a blocked Kronecker rule from its per-block flops: every cost, the
-    state size and the calibration shapes are sums over the blocks."""
-
-    def per_blocks(per_block: Callable[[int, int], float]) -> Callable[[Shape, Settings], float]:
-        return lambda shape, s: sum(per_block(m, n) for m, n in block_shapes(shape, s.max_preconditioner_dim))
-
-    return OptimizerDef(
-        name=name,
-        rule=rule,
-        options=(*options, *OPTIONS),
-        steady_flops=per_blocks(block_steady_flops),
-        refresh_flops=per_blocks(block_refresh_flops),
-        refresh_every=lambda s: s.precondition_frequency,
-        state_numel=lambda shape, s: factor_state_numel(shape, s.max_preconditioner_dim),
-        kernels=lambda shape, s: block_shapes(shape, s.max_preconditioner_dim),
-        elementwise_passes=elementwise_passes,
-    )

@@ -11,10 +11,10 @@ import math
 import torch
 from torch import Tensor
 
+from canzona.optim.definitions import LR_ADJUSTS
+from canzona.optim.definitions import muon_flops as flops  # noqa: F401  (the cost of one update)
 from canzona.optim.newton_schulz import NS_DTYPES, newton_schulz
-from canzona.optim.rule import OptimizerDef, Option, Settings, Shape, UpdateRule, check_matrices
-
-LR_ADJUSTS = ("original", "match_rms_adamw", "none")
+from canzona.optim.rule import Settings, UpdateRule, check_matrices
 
 
 def lr_scale(shape: tuple[int, ...], lr_adjust: str) -> float:
@@ -82,44 +82,3 @@ class Muon(UpdateRule):
             ortho = newton_schulz(update, self.ns_coefficients, self.ns_steps, self.ns_eps, self.ns_dtype)
             out.append(ortho.to(grad.dtype).mul_(lr_scale(tuple(grad.shape), self.lr_adjust)))
         return out
-
-
-def flops(m: int, n: int, ns_steps: int = 5) -> float:
-    """Newton-Schulz with k steps on an m x n matrix (m <= n after transposing).
-
-    Per step: A = X Xᵀ (2 m² n), B = b A + c A A (2 m³), X' = a X + B X (2 m² n), i.e.
-    k (4 m² n + 2 m³), plus O(m n) momentum and scaling.
-    """
-    m, n = min(m, n), max(m, n)
-    return ns_steps * (4.0 * m * m * n + 2.0 * m**3) + 10.0 * m * n
-
-
-def _steady_flops(shape: Shape, s: Settings) -> float:
-    return flops(shape[0], shape[1], s.ns_steps)
-
-
-def _state_numel(shape: tuple[int, ...], s: Settings) -> int:
-    return math.prod(shape)  # the momentum buffer
-
-
-OPTIONS = (
-    Option("momentum", float, 0.95, "momentum coefficient"),
-    Option("nesterov", bool, True, "Nesterov momentum"),
-    Option("ns_steps", int, 5, "Newton-Schulz iterations", minimum=1),
-    Option("ns_coefficients", tuple[float, float, float], (3.4445, -4.7750, 2.0315), "quintic coefficients"),
-    Option("ns_eps", float, 1e-7, "floor of the normalising Frobenius norm"),
-    # float32 for parity tests, bfloat16 as torch.optim.Muon does.
-    Option("ns_dtype", str, "float32", "Newton-Schulz matmul dtype", choices=tuple(NS_DTYPES)),
-    Option("lr_adjust", str, "original", "shape-dependent lr scale (torch.optim.Muon)", choices=LR_ADJUSTS),
-)
-
-OPTIMIZER = OptimizerDef(
-    name="muon",
-    rule=Muon.from_config,
-    options=OPTIONS,
-    steady_flops=_steady_flops,
-    state_numel=_state_numel,
-    # momentum lerp, Nesterov lerp, normalisation, scale, casts
-    elementwise_passes=8.0,
-    matmul_dtype=lambda s: s.ns_dtype,
-)

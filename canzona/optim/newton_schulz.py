@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-NS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+NS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # keys: definitions.NS_DTYPE_NAMES
 
 
 def newton_schulz(

@@ -2,25 +2,26 @@
 options, flops, refresh costs, state sizes and calibration shapes from.
 
 Adding an optimizer is writing one module that defines ``OPTIMIZER = OptimizerDef(...)`` (see
-`canzona.optim.rule`) and adding it to `REGISTERED` below. Nothing else lists optimizers: the
+`canzona.optim.spec`) and adding it to `REGISTERED` below. The built-ins' descriptions are in
+`canzona.optim.definitions`, which imports no torch; their rules are imported when first made. Nothing else lists optimizers: the
 config section (`canzona.config.OptimizerSection`), its validation, the cost models and the
 device profiles all come from here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import canzona.optim.adamw as adamw
-import canzona.optim.muon as muon
-import canzona.optim.shampoo as shampoo
-import canzona.optim.soap as soap
 from canzona.errors import ConfigError
-from canzona.optim.rule import OptimizerDef, Option, Settings, UpdateRule
+from canzona.optim import definitions
+from canzona.optim.spec import OptimizerDef, Option, Settings
 
-REGISTERED: tuple[OptimizerDef, ...] = (muon.OPTIMIZER, shampoo.OPTIMIZER, soap.OPTIMIZER, adamw.OPTIMIZER)
+if TYPE_CHECKING:
+    from canzona.optim.rule import UpdateRule
+
+REGISTERED: tuple[OptimizerDef, ...] = definitions.BUILT_IN
 # Elementwise parameters (norms, biases, embeddings) always use this one.
-ELEMENTWISE = adamw.OPTIMIZER
+ELEMENTWISE = definitions.ADAMW
 
 
 def _by_name(defs: tuple[OptimizerDef, ...]) -> dict[str, OptimizerDef]:
@@ -91,7 +92,7 @@ def make_rule(opt: Settings, kind: str) -> UpdateRule:
     if kind not in ("matrix", "adamw"):
         raise ValueError(f"kind={kind!r}; expected 'matrix' or 'adamw'")
     definition = ELEMENTWISE if kind == "adamw" else get(opt.name)
-    return definition.rule(opt)
+    return definition.make_rule(opt)
 
 
 def learning_rate(opt: Settings, kind: str) -> float:

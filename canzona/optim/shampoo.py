@@ -15,10 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import canzona.optim.kronecker as kronecker
-from canzona.optim.adamw import BETAS, EPS
-from canzona.optim.kronecker import EIGH_FLOPS_FACTOR, KroneckerRule, cube_sum, is_refresh_step
-from canzona.optim.rule import Option, Settings
+from canzona.optim.definitions import MAX_PRECONDITIONER_DIM
+from canzona.optim.kronecker import KroneckerRule, is_refresh_step
+from canzona.optim.rule import Settings
 
 
 def inverse_root(mat: Tensor, root: int, eps: float) -> Tensor:
@@ -42,7 +41,7 @@ class Shampoo(KroneckerRule):
         eps: float = 1e-8,
         precondition_frequency: int = 10,
         shampoo_eps: float = 1e-12,
-        max_preconditioner_dim: int = kronecker.MAX_PRECONDITIONER_DIM,
+        max_preconditioner_dim: int = MAX_PRECONDITIONER_DIM,
     ) -> None:
         super().__init__(betas, eps, precondition_frequency, max_preconditioner_dim)
         self.shampoo_eps = shampoo_eps
@@ -70,25 +69,3 @@ class Shampoo(KroneckerRule):
 
 def _frobenius(x: Tensor) -> Tensor:
     return torch.linalg.vector_norm(x)
-
-
-def block_steady_flops(m: int, n: int) -> float:
-    """Factor updates L += G Gᵀ, R += Gᵀ G; preconditioning L^-1/4 G R^-1/4; Adam grafting."""
-    per_step = 2.0 * m * m * n + 2.0 * m * n * n  # factor updates
-    per_step += 2.0 * m * m * n + 2.0 * m * n * n  # preconditioning
-    return per_step + 12.0 * m * n  # grafting: an Adam step
-
-
-def block_refresh_flops(m: int, n: int) -> float:
-    """Both eigendecompositions and rebuilding the roots from them."""
-    return (EIGH_FLOPS_FACTOR + 2.0) * cube_sum(m, n)
-
-
-OPTIMIZER = kronecker.definition(
-    "shampoo",
-    Shampoo.from_config,
-    (BETAS, EPS, Option("shampoo_eps", float, 1e-12, "ridge added to the factors before the inverse root")),
-    block_steady_flops,
-    block_refresh_flops,
-    elementwise_passes=16.0,  # moments, grafting Adam, bias corrections, norms
-)

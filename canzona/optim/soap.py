@@ -18,14 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import canzona.optim.kronecker as kronecker
-from canzona.optim.adamw import BETAS, EPS
-from canzona.optim.kronecker import (
-    POWER_QR_FLOPS_FACTOR,
-    KroneckerRule,
-    cube_sum,
-    is_refresh_step,
-)
+from canzona.optim.definitions import MAX_PRECONDITIONER_DIM
+from canzona.optim.kronecker import KroneckerRule, is_refresh_step
 from canzona.optim.rule import Settings
 
 
@@ -56,7 +50,7 @@ class SOAP(KroneckerRule):
         betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
         precondition_frequency: int = 10,
-        max_preconditioner_dim: int = kronecker.MAX_PRECONDITIONER_DIM,
+        max_preconditioner_dim: int = MAX_PRECONDITIONER_DIM,
     ) -> None:
         super().__init__(betas, eps, precondition_frequency, max_preconditioner_dim)
 
@@ -94,26 +88,3 @@ class SOAP(KroneckerRule):
         beta2 = self.betas[1]
         s["L"].lerp_(G @ G.mT, 1 - beta2)
         s["R"].lerp_(G.mT @ G, 1 - beta2)
-
-
-def block_steady_flops(m: int, n: int) -> float:
-    """Factor EMAs; rotating the gradient and the moment into the eigenbasis and the update
-    back; Adam in the rotated basis."""
-    per_step = 2.0 * m * m * n + 2.0 * m * n * n  # factor updates
-    per_step += 2.0 * (2.0 * m * m * n + 2.0 * m * n * n)  # rotate in and out
-    return per_step + 12.0 * m * n
-
-
-def block_refresh_flops(m: int, n: int) -> float:
-    """Power iteration + QR of both bases."""
-    return POWER_QR_FLOPS_FACTOR * cube_sum(m, n)
-
-
-OPTIMIZER = kronecker.definition(
-    "soap",
-    SOAP.from_config,
-    (BETAS, EPS),
-    block_steady_flops,
-    block_refresh_flops,
-    elementwise_passes=16.0,  # moments, rotated Adam, bias corrections
-)

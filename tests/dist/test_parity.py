@@ -361,9 +361,9 @@ def test_three_bf16_training_steps_match_single_process(tmp_path, bf16_reference
 
 
 def test_records_state_the_dtype_of_every_collective(tmp_path) -> None:
-    """README "What is measured": under bf16, parameters are all-gathered in bf16 (2 bytes per
-    element), gradients reduced and TP-gathered/scattered in fp32 (4), the clipping norm reduced
-    in float64 (8) -- checked from a trial's records (steps.jsonl's bytes per action against the
+    """docs/usage.md, "What is measured": under bf16, parameters are all-gathered in bf16 (2 bytes
+    per element), gradients reduced and TP-gathered/scattered in fp32 (4), the clipping norm
+    reduced in fp32 (4, the default `optimizer.clip_norm_dtype`) -- checked from a trial's records (steps.jsonl's bytes per action against the
     element counts of the program re-lowered from its config.yaml)."""
     import json
 
@@ -470,5 +470,9 @@ def test_failing_rank_ends_trial_with_its_traceback(tmp_path) -> None:
     )
     assert r.returncode != 0
     assert "injected failure on rank 1 at step 1" in r.stderr
+    # told once: the rank's traceback, not again inside the launcher's
+    assert r.stderr.count("Traceback (most recent call last)") == 1, r.stderr
+    assert r.stderr.count("RuntimeError: injected failure") == 1, r.stderr
+    assert "trial failed: rank 1 raised" in r.stderr
     assert not (tmp_path / "summary.json").exists()
     assert time.monotonic() - start < 170  # ended by the failure, not by the test's own timeout

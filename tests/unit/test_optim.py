@@ -25,10 +25,10 @@ from canzona.optim import (
     learning_rate,
     lr_scale,
     make_rule,
-    newton_schulz,
 )
 from canzona.optim.adamw import ALIGN
 from canzona.optim.kronecker import blocks, is_refresh_step
+from canzona.optim.newton_schulz import newton_schulz
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -274,7 +274,7 @@ def test_state_numel_counts_the_state(name: str, shape: tuple[int, int]) -> None
 
     settings = OptimizerSection(name=name, max_preconditioner_dim=6)
     definition = registry.get(name)
-    state = definition.rule(settings).init_state(shape, "cpu", torch.float32)
+    state = definition.make_rule(settings).init_state(shape, "cpu", torch.float32)
     assert definition.state_numel(shape, settings) == sum(t.numel() for t in state.values())
 
 
