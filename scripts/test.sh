@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Set up and run the whole test suite: lint, fast unit tests, the multi-process (gloo) tests,
-# the Slurm tests against a real local controller and the browser test of the report.
+# Set up and run the test suite but the `paper` marker: lint, fast unit tests, the
+# multi-process (gloo) tests, the Slurm tests against a real local controller and the browser
+# test of the report (tests/README.md; measured times: docs/results.md).
 # For the fast inner loop use plain `pytest` (slow tests are deselected by default). The paper
-# profile's acceptance (`pytest -m paper`: a dry run of all its trials, ~15 min) is a CI step of
-# its own (.ci/run).
+# acceptance (`pytest -m paper`: the dry run of every trial of the paper profile and the authors'
+# ladder at Qwen3-32B on 256 GPUs, about 28 min on 2 cores) is a CI step of its own (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -7,7 +7,8 @@ torch threads per process (default 1, as the local sweep's ranks):
   shape of the Qwen3 family -- the shapes of the local sweep first (read from
   sweeps/configs/qwen3_scaling.yaml), then the family scaled by ``width_divs``, then full-size
   shapes while the time budget lasts -- in the steady state (no preconditioner refresh) at
-  batch 1 and, for small shapes, batch 4 (the executor batches equal shapes: a call costs
+  batch 1 and, for small shapes, batch 4 (a call over 4 matrices, each still computed alone,
+  separates the per-call overhead from the per-matrix time: a call costs
   overhead + count·slope), plus the refresh step where it is affordable (else scaled from the
   measured eigendecomposition rate);
 - elementwise AdamW (per element and per tensor), the apply step, buffer copies, matmul rates;

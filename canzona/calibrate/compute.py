@@ -1,5 +1,5 @@
 """Timing the maths on one device: matmul rates, copies, AdamW, apply, and each matrix
-optimizer's update per shape (steady state, batched as the executor batches, and refreshes)."""
+optimizer's update per shape (steady state, one matrix at a time and in calls of several, and refreshes)."""
 
 from __future__ import annotations
 

@@ -162,27 +162,28 @@ def test_planners_read_no_config() -> None:
         assert not {i for i in imports if i.startswith(("canzona.config", "canzona.cost", "torch"))}, p
 
 
-def _readme_blocks() -> list[str]:
-    section = (ROOT / "README.md").read_text().split("## Extending", 1)[1].split("\n## ", 1)[0]
+def _usage_blocks() -> list[str]:
+    """The Python blocks of docs/usage.md's "Extending" section."""
+    section = (ROOT / "docs" / "usage.md").read_text().split("\n## Extending\n", 1)[1].split("\n## ", 1)[0]
     return [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
 
 
-def test_readme_extending_strategies_are_the_shipped_ones() -> None:
-    """The README's DP and TP strategy examples, run as modules, plan what the registered
-    `zero1_atomic` and `async` plan."""
+def test_usage_extending_strategies_are_the_shipped_ones() -> None:
+    """docs/usage.md's DP and TP strategy examples ("Extending"), run as modules, plan what the
+    registered `zero1_atomic` and `async` plan."""
     from baselines import zero1_atomic
     from canzona.plan.methods import plan_inputs
     from canzona.plan.strategies import async_groups
 
-    blocks = {("dp" if "def candidates" in b else "tp"): b for b in _readme_blocks() if "NAME = " in b and "def " in b}
+    blocks = {("dp" if "def candidates" in b else "tp"): b for b in _usage_blocks() if "NAME = " in b and "def " in b}
     assert set(blocks) == {"dp", "tp"}
     inputs = plan_inputs(load_config([*SMALL, "parallel.dp=4", "parallel.tp=2"]), NumelCost())
     dp_mod: dict = {}
-    exec(compile(blocks["dp"], "readme_dp.py", "exec"), dp_mod)
+    exec(compile(blocks["dp"], "usage_dp.py", "exec"), dp_mod)
     assert dp_mod["NAME"] == zero1_atomic.NAME
     assert dp_mod["candidates"](inputs, frozenset()) == zero1_atomic.candidates(inputs, frozenset())
     tp_mod: dict = {}
-    exec(compile(blocks["tp"], "readme_tp.py", "exec"), tp_mod)
+    exec(compile(blocks["tp"], "usage_tp.py", "exec"), tp_mod)
     items = [i for i, p in enumerate(inputs.params) if p.kind == "matrix" and p.tp_dim is not None]
     assert tp_mod["NAME"] == async_groups.NAME and tp_mod["MODE"] == async_groups.MODE
     assert tp_mod["groups"](items, inputs, None) == async_groups.groups(items, inputs, None)

@@ -1,0 +1,58 @@
+"""The documentation stays a front page with docs behind it, and its links lead somewhere.
+
+- README.md is at most 220 lines (the front page; the rest is in docs/).
+- Every relative link and image in README.md and docs/*.md names a file that exists (its
+  ``#anchor`` aside); links to the web and to anchors of the same page are not checked.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README_MAX_LINES = 220
+# [text](target) and ![alt](target); an optional "title" after the target is dropped
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def relative_links(text: str) -> list[str]:
+    """The link targets of a Markdown text that point into the repository (code excluded)."""
+    text = INLINE_CODE.sub("", FENCE.sub("", text))
+    out = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE) or target.startswith("#"):
+            continue  # https:, mailto:, ... or an anchor on the same page
+        out.append(target)
+    return out
+
+
+def test_readme_is_a_front_page() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move detail to docs/usage.md, "
+        "measured figures to docs/results.md")
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_to_files_that_exist(page: Path) -> None:
+    missing = []
+    for target in relative_links(page.read_text()):
+        path = target.split("#", 1)[0]
+        if path and not (page.parent / path).exists():
+            missing.append(target)
+    assert not missing, f"{page.relative_to(ROOT)} links to missing files: {', '.join(missing)}"
+
+
+def test_the_link_finder_finds_links() -> None:
+    text = ("see [usage](docs/usage.md#reports), ![shot](img/a.png \"title\"), [web](https://x.org), "
+            "[here](#top), `[not](code.md)`\n```\n[nor](block.md)\n```\n")
+    assert relative_links(text) == ["docs/usage.md#reports", "img/a.png"]
