@@ -15,11 +15,12 @@ from omegaconf import OmegaConf
 
 from canzona.cost import COSTS
 from canzona.errors import ConfigError
-from canzona.inventory import ModelConfig, check_tp, model_config_of
+from canzona.inventory import QWEN3, ModelConfig, check_tp, model_config_of
 from canzona.optim import registry as optimizers
 from canzona.optim.section import OptimizerSection
 from canzona.overrides import Arguments, build, split_argv
 from canzona.plan import registry as methods
+from canzona.schema_doc import KeyDoc, check_choices, key_docs, setting
 
 OPTIMIZERS = optimizers.NAMES
 GROUPINGS = ("rounds", "global", "slot", "single", "none")
@@ -28,20 +29,22 @@ SYNC_VARIANTS = ("all_reduce", "zero1_gather")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bf16", "fp32")
 RECOMPUTE = ("none", "full")
+DP_VARIANTS = ("minmax", "snap")
 
 
 @dataclass
 class ModelSection:
-    name: str = "qwen3-0.6b"
-    width_div: int = 1
-    num_layers: int | None = None
-    # A tokenizer's vocabulary instead of Qwen3's 151936 (e.g. GPT-2's 50257, the paper authors'),
-    # padded as Megatron pads it (128 x TP); None keeps the model's.
-    vocab: int | None = None
-    # Tie or untie the output layer and the embedding; None keeps the model's (Qwen3: tied up to 4B).
-    tied_embeddings: bool | None = None
-    split_fused: bool = False
-    matrix_embeddings: bool = False
+    name: str = setting("qwen3-0.6b", "the Qwen3 model (shapes in canzona.inventory; shorthand model=NAME)",
+                        choices=tuple(QWEN3))
+    width_div: int = setting(1, "divide hidden, FFN, head_dim and vocab by this (heads kept: aspect ratios and relative costs stay)")
+    num_layers: int | None = setting(None, "decoder layers; null keeps the model's")
+    vocab: int | None = setting(None, "a tokenizer's vocabulary instead of Qwen3's 151936 (e.g. GPT-2's 50257), "
+                                      "padded as Megatron pads it (128 x TP); null keeps the model's")
+    tied_embeddings: bool | None = setting(None, "tie the output layer to the embedding; null keeps the model's "
+                                                 "(Qwen3: tied up to 4B)")
+    split_fused: bool = setting(False, "optimize the fused QKV and gate/up matrices as their logical sub-matrices")
+    matrix_embeddings: bool = setting(False, "give the embedding and output layer to the matrix optimizer "
+                                             "(default: AdamW)")
 
 
 @dataclass
@@ -50,9 +53,12 @@ class MethodSection:
     (``method.name``) is a preset that sets both; ``method.dp`` / ``method.tp`` given beside it
     win. A validated config has both filled in, and ``name`` only when the pair is a preset's."""
 
-    name: str | None = "canzona"
-    dp: str | None = None  # ddp | zero1_atomic | balanced | layerwise | zero1
-    tp: str | None = None  # duplicated | async | async_balanced | local
+    name: str | None = setting("canzona", "a preset naming a DP and a TP strategy (shorthand method=NAME)",
+                               choices=tuple(methods.PRESETS))
+    dp: str | None = setting(None, "the DP strategy: who owns which gradient and update over DP; null: the "
+                                   "preset's", choices=tuple(methods.DP_STRATEGIES))
+    tp: str | None = setting(None, "the TP strategy: who computes each TP-split matrix's update; null: the "
+                                   "preset's", choices=tuple(methods.TP_STRATEGIES))
 
     @property
     def label(self) -> str:
@@ -67,92 +73,84 @@ class MethodSection:
 
 @dataclass
 class ParallelSection:
-    dp: int = 1
-    tp: int = 1
-    # Megatron's --sequence-parallel: activations outside the TP regions (norms, residuals) split
-    # along the sequence over TP; all-gather / reduce-scatter in place of each TP all-reduce.
-    # Ignored at TP 1, as Megatron ignores it.
-    sequence_parallel: bool = False
+    dp: int = setting(1, "data-parallel ranks")
+    tp: int = setting(1, "tensor-parallel ranks (divides the heads, KV heads and FFN)")
+    # Megatron's --sequence-parallel; ignored at TP 1, as Megatron ignores it.
+    sequence_parallel: bool = setting(False, "Megatron's --sequence-parallel: norms and residuals split along "
+                                             "the sequence over TP (all-gather / reduce-scatter for each "
+                                             "all-reduce); ignored at TP 1")
 
 
 @dataclass
 class CanzonaSection:
-    alpha: float = 1.0
-    # The cost model (`canzona.cost`): auto is measured time on this machine's device (its
-    # calibration cache, taken when first needed), or the roofline of `cost_profile` for a
-    # device this machine does not have; measured, roofline, flops, numel explicitly.
-    cost: str = "auto"
-    grouping: str = "rounds"
-    # Micro-group capacity: the most a group may put on one TP rank, as a fraction of the
-    # per-rank ideal load (the TP group's total / tp). Cost-model independent; 0.125 gives
-    # about 8 micro-groups per step.
-    capacity: float = 0.125
-    # DP partitioner: minmax (exact per-bucket min-max split) or snap (the paper's rule).
-    dp_variant: str = "minmax"
-    pipeline_depth: int = 2
-    # measured from this profile's table (python -m canzona.calibrate) instead of the cache
-    measured_profile: str | None = None
-    # roofline: the device profile (a name under profiles/ or a YAML path) of CUDA plans made
-    # where no GPU is visible, and of canzona.cost=roofline
-    cost_profile: str = "h100"
-    # where the calibration cache lives (default: $CANZONA_CACHE_DIR, else
-    # $XDG_CACHE_HOME/canzona, else ~/.cache/canzona)
-    cost_cache: str | None = None
-    # flops cost model: matmul-flop equivalents charged per element of an elementwise update
-    elementwise_flops: float = 512.0
+    """Settings of the balancing strategies (method.dp=balanced, method.tp=async_balanced) and of
+    the cost model every planner uses."""
+
+    alpha: float = setting(1.0, "DP balance: weight of the cost-balanced target against the numel-balanced "
+                                "one, in [0, 1]")
+    cost: str = setting("auto", "the cost model: auto (measured on this machine's device, else the roofline of "
+                                "canzona.cost_profile), measured, roofline, flops, numel", choices=COSTS)
+    grouping: str = setting("rounds", "TP micro-group mode (rounds: balanced rounds, at most "
+                                            "ceil(1/capacity) of them)", choices=GROUPINGS)
+    capacity: float = setting(0.125, "micro-group capacity: the most a group puts on one TP rank, as a fraction "
+                                     "of the per-rank ideal load (0.125: about 8 micro-groups a step)")
+    dp_variant: str = setting("minmax", "DP partitioner: minmax (exact per-bucket min-max split) or snap "
+                                        "(the paper's rule)", choices=DP_VARIANTS)
+    pipeline_depth: int = setting(2, "TP micro-groups in flight ahead; 0: one group at a time")
+    measured_profile: str | None = setting(None, "measured costs from this table (python -m canzona.calibrate) "
+                                                 "instead of the calibration cache")
+    cost_profile: str = setting("h100", "device profile (a name under profiles/ or a YAML path) of CUDA plans "
+                                        "made where no GPU is visible, and of canzona.cost=roofline")
+    cost_cache: str | None = setting(None, "calibration cache folder (default $CANZONA_CACHE_DIR, else "
+                                           "$XDG_CACHE_HOME/canzona, else ~/.cache/canzona)")
+    elementwise_flops: float = setting(512.0, "flops cost model: matmul-flop equivalents per element of an "
+                                              "elementwise update")
 
 
 @dataclass
 class BucketSection:
-    # Megatron's default is max(40M, 1M * dp) elements; None means that default.
-    size: int | None = None
+    size: int | None = setting(None, "gradient bucket size in elements; null: Megatron's max(40M, 1M x dp)")
 
 
 @dataclass
 class DistSection:
-    device: str = "auto"
-    dp_collective: str = "auto"
-    sync_variant: str = "all_reduce"
-    overlap_grad_reduce: bool = True
-    # Parameter all-gather after the step overlapped with the next forward (Megatron's
-    # --overlap-param-gather): each bucket waited for in the forward pre-hook of the first
-    # module that uses it. Only methods that gather parameters are affected.
-    overlap_param_gather: bool = True
-    timeout_s: float = 300.0
-    threads_per_rank: int | None = None
-    # Dry run (`canzona.trial.dryrun`): run the listed ranks of the job on this CPU with fake
-    # CUDA tensors and torch's fake process group at the job's world size, and report each
-    # rank's peak device memory and its collectives instead of training.
-    dry_run: bool = False
-    # Ranks to run: ranks and the words first / last, comma-separated ("0,255", "first,last") or
-    # a list ([0, 255]).
-    dry_run_ranks: Any = "first,last"
-    # Memory of the device the job runs on, GiB (2^30 bytes): a rank whose peak exceeds it fails
-    # the dry run (the report also shows every rank against 80 and 141 GiB).
-    dry_run_memory_gb: float = 80.0
+    device: str = setting("auto", "where ranks run: auto (CUDA when visible), cpu (gloo), cuda (NCCL)",
+                          choices=DEVICES)
+    dp_collective: str = setting("auto", "uneven DP reduce-scatter / all-gather; auto: per bucket, "
+                                                "the even collective for equal shards, padded unless padding moves "
+                                                "> 1.25x the bucket, else coalesced", choices=DP_COLLECTIVES)
+    sync_variant: str = setting("all_reduce", "method.dp=ddp's gradient path: all_reduce, or "
+                                                           "reduce-scatter then all-gather (zero1_gather, as "
+                                                           "Moonlight)", choices=SYNC_VARIANTS)
+    overlap_grad_reduce: bool = setting(True, "reduce each gradient bucket as backward fills it "
+                                              "(Megatron's --overlap-grad-reduce)")
+    overlap_param_gather: bool = setting(True, "gather updated parameters during the next forward, each bucket "
+                                               "awaited by the first module using it (--overlap-param-gather)")
+    timeout_s: float = setting(300.0, "process-group timeout, seconds")
+    threads_per_rank: int | None = setting(None, "torch threads per rank; null: the cores shared among the ranks")
+    dry_run: bool = setting(False, "fake-device dry run: run dist.dry_run_ranks of the job here on fake CUDA "
+                                   "tensors at the job's world size and report their peak memory and collectives")
+    dry_run_ranks: Any = setting("first,last", "ranks the dry run runs: ranks and first/last, comma-separated "
+                                               "(\"0,255\") or a list")
+    dry_run_memory_gb: float = setting(80.0, "device memory, GiB: a dry-run rank whose peak exceeds it fails")
 
 
 @dataclass
 class TrainSection:
-    # Model parameters and activations: bf16 (fp32 main parameters and fp32 gradients in the
-    # optimizer, as Megatron's --bf16), fp32, or auto: bf16 on CUDA, and on CPUs with native bf16
-    # dot products (AVX512-BF16 / AMX), else fp32 (emulated bf16 matmuls would make forward and
-    # backward slower than fp32 and distort every ratio against the optimizer step).
-    dtype: str = "auto"
-    steps: int = 5
-    warmup: int = 2
-    seed: int = 1234
-    micro_batch: int = 2
-    # Micro-batches per iteration (Megatron's gradient accumulation: the global batch is
-    # dp x grad_accum x micro_batch sequences; gradients are reduced once, after the last one).
-    grad_accum: int = 1
-    seq_len: int = 64
-    # Activation recomputation: "full" keeps only each decoder layer's input and recomputes the
-    # layer's forward in backward (Megatron's --recompute-granularity full --recompute-method
-    # uniform --recompute-num-layers 1); "none" keeps every activation.
-    recompute: str = "none"
-    fail_on_rank: int | None = None  # test hook: this rank raises at step `fail_at_step`
-    fail_at_step: int = 0
+    dtype: str = setting("auto", "bf16 (fp32 main parameters and gradients in the optimizer, as Megatron's "
+                                 "--bf16), fp32, or auto: bf16 on CUDA and on CPUs with native bf16 dot "
+                                 "products, else fp32", choices=DTYPES)
+    steps: int = setting(5, "measured steps")
+    warmup: int = setting(2, "steps run before the measured ones")
+    seed: int = setting(1234, "seed of the weights and the synthetic tokens")
+    micro_batch: int = setting(2, "sequences per micro-batch per DP rank")
+    grad_accum: int = setting(1, "micro-batches per iteration (global batch: dp x grad_accum x micro_batch)")
+    seq_len: int = setting(64, "tokens per sequence")
+    recompute: str = setting("none", "activation recomputation: full recomputes each decoder layer's forward in "
+                                     "backward (Megatron's --recompute-granularity full, uniform, 1 layer)",
+                             choices=RECOMPUTE)
+    fail_on_rank: int | None = setting(None, "test hook: this rank raises at step train.fail_at_step")
+    fail_at_step: int = setting(0, "test hook: the step at which train.fail_on_rank raises")
 
 
 @dataclass
@@ -165,8 +163,8 @@ class TrialConfig:
     bucket: BucketSection = field(default_factory=BucketSection)
     dist: DistSection = field(default_factory=DistSection)
     train: TrainSection = field(default_factory=TrainSection)
-    out: str | None = None
-    save_params: str | None = None
+    out: str | None = setting(None, "the folder the trial writes its records into")
+    save_params: str | None = setting(None, "write the final parameters here (a torch file; the parity tests)")
 
     # ---- derived ----
     def model_cfg(self) -> ModelConfig:
@@ -192,9 +190,10 @@ class TrialConfig:
 SHORTHANDS = {"model": "model.name", "optimizer": "optimizer.name", "method": "method.name"}
 
 
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+@functools.cache
+def trial_key_docs() -> tuple[KeyDoc, ...]:
+    """Every trial key with its default, allowed values and meaning (``--help``, the reference)."""
+    return tuple(key_docs(TrialConfig))
 
 
 def validate(cfg: TrialConfig) -> TrialConfig:
@@ -202,14 +201,7 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     optimizers.check_settings(cfg.optimizer)  # name, choices and bounds of every optimizer.* key
     m = cfg.method
     m.name, m.dp, m.tp = methods.resolve(m.name, m.dp, m.tp)
-    _choice("canzona.cost", cfg.canzona.cost, COSTS)
-    _choice("canzona.grouping", cfg.canzona.grouping, GROUPINGS)
-    _choice("canzona.dp_variant", cfg.canzona.dp_variant, ("minmax", "snap"))
-    _choice("dist.dp_collective", cfg.dist.dp_collective, DP_COLLECTIVES)
-    _choice("dist.sync_variant", cfg.dist.sync_variant, SYNC_VARIANTS)
-    _choice("dist.device", cfg.dist.device, DEVICES)
-    _choice("train.dtype", cfg.train.dtype, DTYPES)
-    _choice("train.recompute", cfg.train.recompute, RECOMPUTE)
+    check_choices(cfg, trial_key_docs())  # every key with a closed set of values
     if not 0.0 <= cfg.canzona.alpha <= 1.0:
         raise ConfigError(f"canzona.alpha={cfg.canzona.alpha} must be in [0, 1]")
     if not 0.0 < cfg.canzona.capacity <= 1.0:
@@ -272,8 +264,9 @@ def _schema() -> Any:
 
 
 def load_config(overrides: list[str] | tuple[str, ...] = (), base: dict[str, Any] | None = None) -> TrialConfig:
-    """Build a validated TrialConfig from an optional base dict and ``key=value`` overrides."""
-    args = split_argv(overrides, shorthands=SHORTHANDS)
+    """Build a validated TrialConfig from an optional base dict and ``key=value`` overrides (a
+    later override of a key wins: callers layer them; a command line goes through `parse_cli`)."""
+    args = split_argv(overrides, shorthands=SHORTHANDS, unique=False)
     obj = build(_schema(), args.overrides, base=base)
     assert isinstance(obj, TrialConfig)
     return validate(obj)
@@ -281,7 +274,8 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), base: dict[str, Any
 
 def parse_cli(argv: list[str], flags: tuple[str, ...] = (), options: tuple[str, ...] = ()) -> tuple[TrialConfig, Arguments]:
     """A trial command line: ``key=value`` overrides plus the allowed ``--flags`` / ``--options``."""
-    args = split_argv(argv, flags=flags, options=options, shorthands=SHORTHANDS)
+    args = split_argv(argv, flags=flags, options=options, shorthands=SHORTHANDS,
+                      keys=[d.key for d in trial_key_docs()])
     obj = build(_schema(), args.overrides)
     assert isinstance(obj, TrialConfig)
     return validate(obj), args

@@ -49,12 +49,17 @@ def split_argv(
     positionals: int = 0,
     shorthands: Mapping[str, str] | None = None,
     usage: str = "",
+    keys: Iterable[str] = (),
+    unique: bool = True,
 ) -> Arguments:
     """Split ``argv`` into ``key=value`` overrides, allowed ``--flags``, valued ``options``
     (``--name VALUE`` or ``--name=VALUE``) and up to ``positionals`` bare arguments; anything
-    else is a `ConfigError` naming what is allowed."""
+    else is a `ConfigError` naming what is allowed, and so is (``unique``: a command line) a key
+    set twice to different values (``parallel.dp=2 parallel.dp=1``, ``model=qwen3-0.6b
+    model.name=qwen3-8b``); ``keys`` are the settings an unknown ``--flag`` is matched against."""
     allowed_flags, allowed_options = set(flags), set(options)
     out = Arguments()
+    given: dict[str, str] = {}  # key (shorthands resolved) -> the item that set it
     items = list(argv)
     while items:
         item = items.pop(0)
@@ -69,18 +74,31 @@ def split_argv(
                 continue
             if item not in allowed_flags:
                 allowed = ", ".join(sorted(allowed_flags | {f"{o} VALUE" for o in allowed_options})) or "none"
-                raise ConfigError(f"unknown flag {item}; allowed flags: {allowed}")
+                value = value if eq else (items[0] if items and not items[0].startswith("-") else "VALUE")
+                raise ConfigError(f"unknown flag {item}; settings are key=value{_suggest(name[2:], value, keys)}, "
+                                  f"see --help; allowed flags: {allowed}")
             out.flags.add(item)
         elif "=" in item and not item.startswith("="):
             key, value = item.split("=", 1)
             key = key.strip()
-            out.overrides.append(((shorthands or {}).get(key, key), value))
+            full = (shorthands or {}).get(key, key)
+            if unique and full in given and typed_value(given[full].split("=", 1)[1]) != typed_value(value):
+                raise ConfigError(f"{given[full]} and {item} both set {full}; keep one")
+            given[full] = item
+            out.overrides.append((full, value))
         elif "=" not in item and len(out.positionals) < positionals:
             out.positionals.append(item)
         else:
             hint = f" ({usage})" if usage else ""
             raise ConfigError(f"bad argument {item!r}; expected key=value, e.g. parallel.dp=8{hint}")
     return out
+
+
+def _suggest(name: str, value: str, keys: Iterable[str]) -> str:
+    """`` (parallel.dp=2 or method.dp=2?)`` for ``--dp 2``: the keys that end in that name."""
+    name = name.replace("-", "_")
+    matches = [k for k in keys if k == name or k.endswith("." + name)]
+    return f" ({' or '.join(f'{k}={value}' for k in matches[:3])}?)" if matches else ""
 
 
 def typed_value(text: str) -> Any:

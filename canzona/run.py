@@ -40,14 +40,12 @@ def __getattr__(name: str) -> Any:
         return getattr(launch, name)
     raise AttributeError(f"module 'canzona.run' has no attribute {name!r}")
 
-USAGE = ("usage: python -m canzona.run [key=value ...] out=DIR [--overwrite]   (see README: configuration;\n"
-         "       --overwrite: replace the records an earlier run left in DIR)")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        print(USAGE)
+        from canzona.reference import command_help
+
+        print(command_help("canzona.run"))
         return 0
     try:
         cfg, args = parse_cli(argv, flags=("--overwrite",))

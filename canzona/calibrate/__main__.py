@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from canzona.calibrate import __doc__ as USAGE
 from canzona.calibrate.settings import parse_args
 from canzona.errors import ConfigError
 
@@ -12,7 +11,9 @@ from canzona.errors import ConfigError
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        print(USAGE)
+        from canzona.reference import command_help
+
+        print(command_help("canzona.calibrate"))
         return 0
     try:
         opts = parse_args(argv)

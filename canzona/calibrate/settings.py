@@ -9,6 +9,7 @@ from pathlib import Path
 from canzona.errors import ConfigError
 from canzona.optim import registry
 from canzona.overrides import build, split_argv
+from canzona.schema_doc import setting
 from canzona.sim.profile import SPECS
 
 OPTIMIZERS = registry.MATRIX_NAMES  # every registered matrix optimizer
@@ -20,18 +21,21 @@ SPEC_CHOICES = ("auto", "none", *SPECS)
 class Settings:
     """What may be given on the command line (see the package docstring for each key)."""
 
-    out: str | None = None
-    name: str | None = None
-    quick: bool = False
-    budget_s: float | None = None
-    threads: int = 1
-    width_divs: str = "8,16,32"
-    optimizers: str = "muon,shampoo,soap"
-    collectives: bool = True
-    model: bool | None = None
-    precondition_frequency: int = 10
-    device: str = "auto"
-    spec: str = "auto"
+    out: str | None = setting(None, "the profile to write (required), e.g. profiles/NAME.yaml")
+    name: str | None = setting(None, "the profile's name; null: the file stem")
+    quick: bool = setting(False, "a quick calibration (~10 s on a CPU, a minute on a GPU): smaller budget, "
+                                 "the model pass estimated from the matmul rate")
+    budget_s: float | None = setting(None, "optimizer timing budget, seconds; null: 30 (quick: 3)")
+    threads: int = setting(1, "torch threads per process (the local sweep's ranks use 1)")
+    width_divs: str = setting("8,16,32", "the Qwen3 family scaled by these width divisors, timed after the "
+                                         "local sweep's shapes")
+    optimizers: str = setting("muon,shampoo,soap", "matrix optimizers to time, comma-separated")
+    collectives: bool = setting(True, "time the collectives between 2 local processes")
+    model: bool | None = setting(None, "time the model's forward / backward; null: unless quick")
+    precondition_frequency: int = setting(10, "Shampoo / SOAP refresh interval the amortised costs assume")
+    device: str = setting("auto", "the device timed: auto (the GPU when visible), cpu, cuda", choices=DEVICES)
+    spec: str = setting("auto", "collectives to keep when there is nothing to measure between (one GPU): auto "
+                                "(the device's name), none, or a spec", choices=SPEC_CHOICES)
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,13 @@ class Option:
         """``(name, type, field)`` as `dataclasses.make_dataclass` takes it."""
         if isinstance(self.default, (list, dict, set)):
             value = self.default
-            return self.name, self.type, dataclasses.field(default_factory=lambda: copy.deepcopy(value))
-        return self.name, self.type, dataclasses.field(default=self.default)
+            return self.name, self.type, dataclasses.field(default_factory=lambda: copy.deepcopy(value),
+                                                           metadata=self.metadata())
+        return self.name, self.type, dataclasses.field(default=self.default, metadata=self.metadata())
+
+    def metadata(self) -> dict[str, Any]:
+        """What `canzona.schema_doc` reads: the meaning and the allowed values."""
+        return {"help": self.help, "choices": self.choices}
 
     def problem(self, value: Any) -> str | None:
         """A one-line complaint about ``value``, or None when it is allowed."""

@@ -18,8 +18,6 @@ from canzona.program.count import PlanMetrics, compute_metrics
 from canzona.program.lower import lower_rank
 from canzona.program.render import render_program
 
-USAGE = "usage: python -m canzona.plan [key=value ...] [--json | --program RANK]   (e.g. model=qwen3-8b parallel.dp=8 parallel.tp=2)"
-
 
 def plan_json(plan: Plan, metrics: PlanMetrics, path: CriticalPath) -> dict:
     """The --json document: every parameter once (sub-matrices when split_fused), ranks,
@@ -128,12 +126,14 @@ def _program_rank(value: str | None, world: int) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        print(USAGE)
+        from canzona.reference import command_help
+
+        print(command_help("canzona.plan"))
         return 0
     try:
         cfg, args = parse_cli(argv, flags=("--json",), options=("--program",))
         plan = make_plan(cfg)
-        rank = _program_rank(args.options.get("--program"), plan.dp * plan.tp)
+        rank = _program_rank(args.options.get("--program"), plan.rank_layout.world)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -239,16 +239,19 @@ def write_trial(cfg: TrialConfig, profile: Any, out: str | Path) -> dict[str, An
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m canzona.sim.simulate profile=h100 model=qwen3-32b parallel.dp=32 parallel.tp=8 [--json]``."""
-    from canzona.config import SHORTHANDS, load_config
+    from canzona.config import SHORTHANDS, load_config, trial_key_docs
     from canzona.errors import ConfigError
     from canzona.overrides import split_argv
 
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        print("usage: python -m canzona.sim.simulate [profile=h100|h200|a100|PATH] [trial key=value ...] [--json]")
+        from canzona.reference import command_help
+
+        print(command_help("canzona.sim.simulate"))
         return 0
     try:
-        args = split_argv(argv, flags=("--json",), shorthands=SHORTHANDS)
+        args = split_argv(argv, flags=("--json",), shorthands=SHORTHANDS,
+                          keys=["profile", *(d.key for d in trial_key_docs())])
         profile = next((v for k, v in args.overrides if k == "profile"), "h100")
         cfg = load_config([f"{k}={v}" for k, v in args.overrides if k != "profile"])
         res = project(cfg, profile, events="none")

@@ -38,6 +38,7 @@ from canzona.config import load_config
 from canzona.errors import ConfigError
 from canzona.overrides import build, split_argv
 from canzona.records import PHASES, read_jsonl
+from canzona.schema_doc import setting
 from canzona.sim.profile import Profile, load_profile
 from canzona.sim.simulate import project
 
@@ -201,7 +202,7 @@ def _fmt(v: float | None, pct: bool = False) -> str:
 class ValidateArgs:
     """The command's ``key=value`` settings."""
 
-    profile: str = "profiles/local.yaml"  # device profile: a name under profiles/ or a YAML path
+    profile: str = setting("profiles/local.yaml", "device profile: a name under profiles/ or a YAML path")
 
 
 USAGE = "python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [profile=profiles/local.yaml] [--json]"
@@ -210,7 +211,9 @@ USAGE = "python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [profile=profiles/loc
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
-        print(f"usage: {USAGE}\n\nPredicted vs measured for every finished trial under the folder.")
+        from canzona.reference import command_help
+
+        print(command_help("canzona.sim.validate"))
         return 0
     try:
         parts = split_argv(argv, flags=("--json",), positionals=1, usage=USAGE)

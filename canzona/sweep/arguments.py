@@ -23,8 +23,10 @@ from canzona.overrides import split_argv, typed_value
 from canzona.sweep.keys import (
     TRIAL_SECTIONS,
     check_trial_key,
+    fmt_value,
     is_list_value,
     parse_value,
+    same_value,
     split_top_commas,
     trial_key_names,
 )
@@ -81,4 +83,21 @@ def select(args: SweepArgs, axes: dict[str, Axis], sweep_name: str) -> Selection
             )
         check_trial_key(key, "command line")
         sel.trial_values[key] = typed_value(value)  # typed by TrialConfig when the trial resolves
+    for key, value in sel.trial_values.items():
+        _refuse_contradicted_axis(key, value, axes, sel.restrict)
     return sel
+
+
+def _refuse_contradicted_axis(key: str, value: Any, axes: dict[str, Axis], restrict: dict[str, list[str]]) -> None:
+    """A trial key that an axis value of the chosen trials sets otherwise would make trials whose
+    names and axis columns say one thing and whose config another (``size=0.6b`` running 8B)."""
+    for ax in axes.values():
+        if not ax.bundle:
+            continue
+        for label in restrict.get(ax.name, list(ax.values)):
+            if key in ax.values[label] and not same_value(ax.values[label][key], parse_value(fmt_value(value))):
+                raise ConfigError(
+                    f"command line: {key}={fmt_value(value)} contradicts axis {ax.name}={label}, which sets "
+                    f"{key}={fmt_value(ax.values[label][key])}; select another value of axis {ax.name} "
+                    f"(allowed: {', '.join(ax.values)}) or change the sweep file"
+                )

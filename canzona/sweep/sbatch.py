@@ -1,4 +1,4 @@
-"""sbatch scripts for ``cluster=slurm dry_run=true``: one per run, to read before submitting
+"""sbatch scripts for ``cluster=slurm list=true``: one per run, to read before submitting
 anything, or to submit by hand (``bash submit_all.sh``) where submitit cannot be used. Each runs
 ``srun python -m canzona.run <the trial's overrides> out=<its folder>``; a later sweep adopts
 the records such a run leaves."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from canzona.errors import ConfigError
 from canzona.overrides import build
+from canzona.schema_doc import check_choices, key_docs, setting
 
 CLUSTERS = ("local", "debug", "slurm", "simulate", "dryrun")
 RERUN = ("failed", "all", "none")
@@ -26,69 +27,77 @@ DEFAULT_SIM_PROFILE = "h100"
 
 @dataclass
 class SlurmSettings:
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str = "01:00:00"  # per trial: minutes, HH:MM:SS or D-HH:MM:SS
-    constraint: str | None = None
-    mem: str | None = None  # per node, e.g. 200G
-    gpus_per_node: int = 0  # 0: CPU ranks (gloo)
-    tasks_per_node: int | None = None  # default: gpus_per_node, or the trial's world size on CPU
-    cpus_per_task: int = 1
-    setup: list[str] = field(default_factory=list)  # shell lines before the ranks start
-    extra_sbatch: list[str] = field(default_factory=list)  # raw options, e.g. "--exclusive"
-    array: bool = True  # submit trials with the same job shape as one job array
-    array_parallelism: int = 64
-    python: str | None = None  # interpreter on the compute nodes (default: this one)
-    job_name: str | None = None  # default: canzona-<sweep>
+    partition: str | None = setting(None, "Slurm partition (sbatch --partition)")
+    account: str | None = setting(None, "Slurm account (--account)")
+    qos: str | None = setting(None, "Slurm QOS (--qos)")
+    time: str = setting("01:00:00", "time limit per trial: minutes, HH:MM:SS or D-HH:MM:SS")
+    constraint: str | None = setting(None, "node features (--constraint)")
+    mem: str | None = setting(None, "memory per node, e.g. 200G (--mem)")
+    gpus_per_node: int = setting(0, "GPUs per node; 0: CPU ranks over gloo")
+    tasks_per_node: int | None = setting(None, "ranks per node; null: gpus_per_node, or the trial's world size "
+                                               "on CPU")
+    cpus_per_task: int = setting(1, "cores per rank (--cpus-per-task)")
+    setup: list[str] = setting(help="shell lines run before the ranks start (e.g. [module load cuda])",
+                               default_factory=list)
+    extra_sbatch: list[str] = setting(help="raw sbatch options, e.g. [--exclusive]", default_factory=list)
+    array: bool = setting(True, "submit trials of the same job shape as one job array")
+    array_parallelism: int = setting(64, "array tasks running at once")
+    python: str | None = setting(None, "interpreter on the compute nodes; null: this one")
+    job_name: str | None = setting(None, "job name; null: canzona-<sweep>")
 
 
 @dataclass
 class LocalSettings:
-    max_ranks: int = 4  # most ranks one local trial may start (dp x tp)
-    parallel: int = 1  # trials at once
-    # worker: long-lived processes run one run after another (torch and the ranks' forkserver
-    # start once); spawn: a submitit job per run whose task forks the ranks; tasks: a submitit
-    # task per rank (the Slurm code path)
-    mode: str = "worker"
-    timeout_min: float = 20.0  # per trial
+    max_ranks: int = setting(4, "most ranks one local trial may start (dp x tp)")
+    parallel: int = setting(1, "trials run at once")
+    mode: str = setting("worker", "worker: long-lived processes run one run after another (torch and the ranks' "
+                                  "forkserver start once); spawn: a submitit job per run whose task forks the "
+                                  "ranks; tasks: a submitit task per rank (the Slurm code path)", choices=LOCAL_MODES)
+    timeout_min: float = setting(20.0, "minutes a trial may run before it is killed with its ranks")
 
 
 @dataclass
 class SimSettings:
     """``cluster=simulate``: project every trial with `canzona.sim` instead of running it."""
 
-    # A device profile under profiles/ (h100, h200, a100, local) or a YAML path: what
-    # cluster=simulate projects with (default h100), and what the report of a measured sweep
-    # predicts its trials with (default profiles/local.yaml when it exists).
-    profile: str | None = None
-    workers: int = 0  # processes projecting trials at once (0: one per core)
+    profile: str | None = setting(None, "device profile (h100, h200, a100, local, or a YAML path) that "
+                                        "cluster=simulate projects with (default h100) and that the report of a "
+                                        "measured sweep predicts with (default profiles/local.yaml if present)")
+    workers: int = setting(0, "processes projecting trials at once; 0: one per core")
 
 
 @dataclass
 class SweepSettings:
-    sweep: str | None = None
-    profile: str | None = None
-    cluster: str = "local"
-    rerun: str = "failed"
-    dry_run: bool = False
-    results: str = "results"
-    poll_s: float = 1.0
-    # Runs of every trial, interleaved round-robin (see `SweepPlan.runs`): a measurement is
-    # only as decisive as its spread across runs, and on a shared machine load drifts.
-    repeats: int = 1
+    sweep: str | None = setting(None, "the sweep: a name under sweeps/configs/ or a YAML path")
+    profile: str | None = setting(None, "a variant of the sweep defined in its file (e.g. paper, ablation)")
+    cluster: str = setting("local", "where trials run: local processes, debug (submitit in-process), slurm, "
+                                    "simulate (projected with canzona.sim), dryrun (fake CUDA devices)",
+                           choices=CLUSTERS)
+    rerun: str = setting("failed", "which trials with records run again: failed ones, all, none", choices=RERUN)
+    list: bool = setting(False, "list the runs (and, with cluster=slurm, write the sbatch scripts) and run "
+                                "nothing")
+    results: str = setting("results", "the results folder; a sweep writes into <results>/<sweep>-<profile>/")
+    poll_s: float = setting(1.0, "seconds between checks of running trials")
+    repeats: int = setting(1, "runs of every trial, interleaved round-robin; repetition k > 1 goes to "
+                              "<trial_id>-r<k>/ and the report pools them")
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     local: LocalSettings = field(default_factory=LocalSettings)
     sim: SimSettings = field(default_factory=SimSettings)
 
 
+# Keys that were renamed: given the old way, one line says what to write instead.
+RENAMED = {"dry_run": "dry_run= is now list=true (it lists the runs and runs nothing; a dry run on fake CUDA "
+                      "devices is cluster=dryrun)"}
+
+
 SETTINGS_KEYS = tuple(f.name for f in fields(SweepSettings))
+SETTINGS_DOCS = tuple(key_docs(SweepSettings))
 SECTIONS = ("slurm", "local", "sim")
 
 
 def is_settings_key(key: str) -> bool:
     """Whether a command-line key belongs to the sweep settings (else: an axis or trial key)."""
-    return key.split(".")[0] in SETTINGS_KEYS
+    return key.split(".")[0] in SETTINGS_KEYS or key in RENAMED
 
 
 def settings_names() -> list[str]:
@@ -101,10 +110,12 @@ def build_settings(
 ) -> SweepSettings:
     """Merge the YAML ``layers`` then the command-line ``(key, text)`` overrides into a
     validated `SweepSettings`; any bad key or value is a one-line `ConfigError`."""
-    obj = build(SweepSettings, list(overrides), layers=list(layers), what="sweep")
-    _choice("cluster", obj.cluster, CLUSTERS)
-    _choice("rerun", obj.rerun, RERUN)
-    _choice("local.mode", obj.local.mode, LOCAL_MODES)
+    overrides, layers = list(overrides), list(layers)
+    for key in [k for k, _ in overrides] + [k for layer in layers for k in (layer or {})]:
+        if key in RENAMED:
+            raise ConfigError(RENAMED[key])
+    obj = build(SweepSettings, overrides, layers=layers, what="sweep")
+    check_choices(obj, SETTINGS_DOCS)
     if obj.repeats < 1:
         raise ConfigError(f"repeats={obj.repeats} is not allowed; it must be >= 1 (runs of every trial)")
     if obj.sim.workers < 0:
@@ -115,11 +126,6 @@ def build_settings(
         raise ConfigError("slurm.gpus_per_node must be >= 0 and slurm.cpus_per_task >= 1")
     time_minutes(obj.slurm.time)
     return obj
-
-
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
 
 
 def time_minutes(value: str | int | float) -> int:

@@ -97,7 +97,7 @@ def test_slurm_sweep_two_trials_two_ranks(slurm_cluster, tmp_path):
     assert r.returncode == 0 and "2 trials, 0 to run, 2 skipped" in r.stdout, r.stdout + r.stderr
 
 
-def test_slurm_dry_run_scripts_accepted_by_sbatch(slurm_cluster, tmp_path):
+def test_slurm_list_scripts_accepted_by_sbatch(slurm_cluster, tmp_path):
     results = tmp_path / "results"
     r = subprocess.run(
         [
@@ -105,7 +105,7 @@ def test_slurm_dry_run_scripts_accepted_by_sbatch(slurm_cluster, tmp_path):
             str(RUN),
             "sweep=smoke",
             "cluster=slurm",
-            "dry_run=true",
+            "list=true",
             "slurm.partition=debug",
             f"results={results}",
         ],

@@ -69,3 +69,35 @@ def test_overwrite_replaces_the_records_even_when_the_new_run_fails(tmp_path: Pa
     assert rc == 1 and not (tmp_path / "summary.json").exists()
     assert run_main([*TINY, "train.steps=1", "train.warmup=0", f"out={tmp_path}", "--overwrite"]) == 0
     assert "earlier" not in (tmp_path / "summary.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "key"),
+    [("parallel.dp=2", "parallel.dp=1", "parallel.dp"),
+     ("model=qwen3-0.6b", "model.name=qwen3-8b", "model.name"),
+     ("method=canzona", "method.name=sync", "method.name")],
+)
+def test_a_key_set_twice_to_different_values_is_refused(tmp_path: Path, capsys, first: str, second: str,
+                                                         key: str) -> None:
+    assert run_main([*TINY, first, second, f"out={tmp_path / 'o'}"]) == 2
+    line = _one_error_line(capsys)
+    assert f"{first} and {second} both set {key}" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_same_value_twice_is_not_a_conflict() -> None:
+    from canzona.config import load_config, parse_cli
+
+    cfg, _ = parse_cli(["parallel.dp=2", "parallel.dp=2", "model=qwen3-0.6b", "model.name=qwen3-0.6b"])
+    assert cfg.parallel.dp == 2
+    # programs layer overrides (a later one wins); only a command line refuses a contradiction
+    assert load_config(["parallel.dp=2", "parallel.dp=4"]).parallel.dp == 4
+
+
+def test_an_override_that_contradicts_an_axis_value_is_refused(tmp_path: Path, capsys) -> None:
+    """qwen3_scaling's ``size`` axis sets model.name: overriding it would run 8B in trials named 0.6b."""
+    assert sweep_main(["sweep=qwen3_scaling", "size=0.6b", "model.name=qwen3-8b", f"results={tmp_path}",
+                       "list=true"]) == 2
+    line = _one_error_line(capsys)
+    assert "model.name=qwen3-8b contradicts axis size=0.6b, which sets model.name=qwen3-0.6b" in line
+    assert not any(tmp_path.iterdir())

@@ -191,7 +191,7 @@ def test_simulate_errors_are_one_line(tmp_path: Path, capsys) -> None:
 
 
 def test_simulate_dry_run_writes_nothing_and_ignores_local_rank_caps(tmp_path: Path) -> None:
-    rc, lines = _run(["sweep=qwen3_scaling", "profile=paper_projection", "dry_run=true", f"results={tmp_path}"])
+    rc, lines = _run(["sweep=qwen3_scaling", "profile=paper_projection", "list=true", f"results={tmp_path}"])
     assert rc == 0 and "120 trials, 120 to project" in lines[0] and "sim-h100" in lines[0]
     assert not any(tmp_path.iterdir())
 
@@ -364,10 +364,10 @@ def test_the_sweep_runner_passes_the_profile_to_the_report(tmp_path: Path, monke
     assert got["profile"] == "/x/local.yaml"
     from canzona.sweep.expand import build_plan
 
-    plan = build_plan(["sweep=qwen3_scaling", "sim.profile=h200", "dry_run=true"])
+    plan = build_plan(["sweep=qwen3_scaling", "sim.profile=h200", "list=true"])
     assert plan.sim_profile == "h200" and plan.results_dir.name == "qwen3_scaling"
     local = REPO / "profiles" / "local.yaml"
-    plan = build_plan(["sweep=qwen3_scaling", "dry_run=true"])
+    plan = build_plan(["sweep=qwen3_scaling", "list=true"])
     assert plan.sim_profile == (str(local) if local.is_file() else None)
 
 
