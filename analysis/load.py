@@ -19,13 +19,22 @@ parameter count):
   included, ``measured`` says which) plus ``trial_id``.
 - ``events``: kept per trial in ``Sweep.events`` (trial_id -> list of step records with events),
   only for the timelines and traces.
+
+A sweep resumed by a later command (``rerun=failed`` skips what is recorded) holds runs of
+several *invocations*. `invocations` tells them apart by what status.json carries: an
+``invocation`` id where the launcher records one; else the ``submitit/<stamp>/`` folder of its
+logs (``log_dir``: one stamp per invocation, `canzona.sweep.launch.run_stamp`); else its
+``started`` time against the ``started`` of the last invocation (sweep.json), which tells the
+last invocation from earlier ones but not the earlier ones apart (a lower bound).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +42,7 @@ import pandas as pd
 import yaml
 
 from canzona.errors import ConfigError
+from canzona.layout import RankLayout
 from canzona.records import STEP_FIELDS
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
@@ -87,6 +97,8 @@ class Sweep:
     trials_df: pd.DataFrame
     steps_df: pd.DataFrame
     config_columns: list[str] = field(default_factory=list)  # flattened config keys, in order
+    # the sweep invocations its runs came from, oldest first (`invocations`)
+    invocations: list[dict[str, Any]] = field(default_factory=list)
 
     def trial(self, trial_id: str) -> TrialRecords:
         for t in self.trials:
@@ -259,6 +271,105 @@ def sweep_manifest_text(root: Path) -> str | None:
     return yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True, width=100)
 
 
+_STAMP = re.compile(r"(?:^|/)submitit/(\d{8}-\d{6}(?:-\d+)?)(?:/|$)")
+
+
+def _when(v: Any) -> datetime | None:
+    """An ISO time of the records (bookkeeping's are UTC with an offset; naive ones read as UTC)."""
+    if not isinstance(v, str) or not v:
+        return None
+    try:
+        t = datetime.fromisoformat(v)
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    try:
+        m = json.loads((Path(root) / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return m if isinstance(m, dict) else {}
+
+
+def invocation_of(status: dict[str, Any], last_started: datetime | None) -> tuple[str | None, str]:
+    """(invocation key, how it is known) of one run's status.json; (None, why) when unknown.
+
+    How: ``recorded`` (status.json ``invocation``), ``log folder`` (the ``submitit/<stamp>/`` of
+    ``log_dir``), ``start time`` (``started`` against the last invocation's start: the key is
+    ``last`` or ``earlier``)."""
+    inv = status.get("invocation")
+    if isinstance(inv, str) and inv:
+        return inv, "recorded"
+    m = _STAMP.search(str(status.get("log_dir") or "").replace("\\", "/"))
+    if m:
+        return m.group(1), "log folder"
+    started = _when(status.get("started"))
+    if started is None:
+        return None, "adopted" if status.get("adopted") else "no start time"
+    if last_started is None:
+        return None, "no sweep.json"
+    return ("last" if started >= last_started else "earlier"), "start time"
+
+
+def _label(key: str | None, manifest: dict[str, Any]) -> str | None:
+    """What tables call an invocation: its key, or for those placed by start time, when."""
+    if key == "last":
+        return f"last ({manifest.get('started')})"
+    if key == "earlier":
+        return f"earlier (before {manifest.get('started')})"
+    return key
+
+
+def invocations(trials: list[TrialRecords], manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The invocations the runs came from, oldest first: ``id``, ``runs`` (run folders),
+    ``started`` / ``ended`` (first start, last end of its runs), ``how`` it is known and
+    ``exact`` (False for ``earlier``: one or more invocations before the last one), plus one
+    entry ``id: None`` for runs nothing places (adopted, no start time), if any.
+
+    A run placed by start time joins the one invocation known exactly on the same side of
+    the last invocation's start, where there is one (e.g. a run whose submission failed has no
+    log folder, its siblings have)."""
+    last_started = _when(manifest.get("started"))
+    keyed = [(t, *invocation_of(t.status, last_started)) for t in trials]
+    groups: dict[str | None, dict[str, Any]] = {}
+    for t, key, how in keyed:
+        g = groups.setdefault(key, {"id": key, "runs": [], "started": None, "ended": None, "how": how,
+                                    "exact": key not in ("earlier", None)})
+        g["runs"].append(t)
+        for k, pick in (("started", min), ("ended", max)):
+            v = _when(t.status.get(k))
+            if v is not None:
+                g[k] = v if g[k] is None else pick(g[k], v)
+    exact = [g for g in groups.values() if g["exact"] and g["how"] != "start time"]
+    if last_started is not None and exact:
+        for side in ("last", "earlier"):
+            if side not in groups:
+                continue
+            same = [g for g in exact if g["started"] is not None and (g["started"] >= last_started) == (side == "last")]
+            fallback = groups.pop(side)
+            target = same[0] if len(same) == 1 else None
+            if target is None:  # cannot tell which: not placed
+                target = groups.setdefault(None, {"id": None, "runs": [], "started": None, "ended": None,
+                                                  "how": "start time", "exact": False})
+            target["runs"] += fallback["runs"]
+            for k, pick in (("started", min), ("ended", max)):
+                if fallback[k] is not None:
+                    target[k] = fallback[k] if target[k] is None else pick(target[k], fallback[k])
+    for g in groups.values():
+        g["id"] = _label(g["id"], manifest)
+    far = datetime.max.replace(tzinfo=timezone.utc)
+    known = sorted((g for k, g in groups.items() if k is not None), key=lambda g: (g["started"] or far, str(g["id"])))
+    out = [*known, *([groups[None]] if None in groups else [])]
+    for g in out:
+        g["run_ids"] = sorted(t.trial_id for t in g.pop("runs"))
+        g["runs"] = len(g["run_ids"])
+        for k in ("started", "ended"):
+            g[k] = g[k].isoformat(timespec="seconds") if g[k] is not None else None
+    return out
+
+
 def method_of(row: dict[str, Any]) -> tuple[str | None, str | None]:
     """(label, rung) of a flattened config row."""
     from canzona.plan import registry
@@ -277,12 +388,13 @@ def planned_loads(t: TrialRecords) -> pd.DataFrame:
     """Planned optimizer compute per rank: summary.json plan.ranks[*].compute, else the
     steps' ``compute_load``. Columns rank, dp_rank, tp_rank, planned."""
     ranks = (t.summary.get("plan") or {}).get("ranks")
-    tp = (t.config.get("parallel") or {}).get("tp") or (t.summary.get("world") or {}).get("tp") or 1
+    parallel, world = t.config.get("parallel") or {}, t.summary.get("world") or {}
+    grid = RankLayout(parallel.get("dp") or world.get("dp") or 1, parallel.get("tp") or world.get("tp") or 1)
     rows = []
     if isinstance(ranks, list) and ranks:
         for i, r in enumerate(ranks):
             d, k = r.get("dp_rank"), r.get("tp_rank")
-            rank = d * tp + k if d is not None and k is not None else i  # TP ranks contiguous
+            rank = grid.rank_of(d, k) if d is not None and k is not None else i
             rows.append({"rank": rank, "dp_rank": d, "tp_rank": k, "planned": r.get("compute")})
     elif t.steps:
         seen: dict[int, dict[str, Any]] = {}
@@ -321,6 +433,10 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
         for k in flatten(t.config or t.summary.get("config") or {}):
             if k not in config_columns:
                 config_columns.append(k)
+    manifest = read_manifest(root)
+    invs = invocations(trials, manifest)
+    where = {tid: g["id"] for g in invs for tid in g["run_ids"]}
+    trials_df["invocation"] = [where.get(t.trial_id) for t in trials]
     return Sweep(
         path=root,
         trials=trials,
@@ -328,6 +444,7 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
         trials_df=trials_df,
         steps_df=steps_df,
         config_columns=config_columns,
+        invocations=invs,
     )
 
 
@@ -343,4 +460,4 @@ def subset(sweep: Sweep, trial_ids: set[str]) -> Sweep:
             if k not in config_columns:
                 config_columns.append(k)
     return Sweep(path=sweep.path, trials=trials, sweep_config=sweep.sweep_config, trials_df=tdf, steps_df=sdf,
-                 config_columns=config_columns)
+                 config_columns=config_columns, invocations=sweep.invocations)

@@ -31,13 +31,15 @@ import html
 import importlib.metadata
 import math
 import platform
+import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 import pandas as pd
 import yaml
 
@@ -46,6 +48,7 @@ from analysis.load import Sweep, load_sweep, subset
 from canzona.errors import ConfigError
 from canzona.overrides import build, split_argv
 from canzona.records import atomic_write_text
+from canzona.schema_doc import setting
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "reports" / "templates"
@@ -92,6 +95,12 @@ def _data_uri(svg: str | None) -> str | None:
     if svg is None:
         return None
     return "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
+
+
+def _wbr(v: Any) -> markupsafe.Markup:
+    """Escaped text with a line-break opportunity after ``+ _ . , /`` (method labels such as
+    zero1_atomic+async_balanced wrap there instead of widening a column)."""
+    return markupsafe.Markup(re.sub(r"([+_.,/])", r"\1<wbr>", str(markupsafe.escape(str(v)))))
 
 
 def _version(pkg: str) -> str:
@@ -320,13 +329,17 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, profile: 
                            for s in ok_sum if s.get("world")}),
         "analysis_versions": {"python": platform.python_version(), **{p: _version(p) for p in ("pandas", "numpy", "matplotlib", "seaborn", "jinja2")}},
         "sweep_config": sweep.sweep_config,
+        "invocations": sweep.invocations,
     }
+    placed = [g for g in sweep.invocations if g["id"] is not None]
+    resumed = {"n": len(placed), "at_least": any(not g["exact"] for g in placed)} if len(placed) > 1 else None
     status_counts = trials["status"].value_counts().reindex(["done", "failed", "running", "incomplete", "unknown"]).dropna()
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html", "j2"]),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["fmt"] = fmt
     env.filters["num"] = _num
+    env.filters["wbr"] = _wbr
     env.filters["pct"] = lambda v: "–" if v is None or v != v else f"{float(v):.1f}%"
     env.filters["spct"] = lambda v: "–" if v is None or v != v else f"{float(v):+.1f}%"
     env.filters["yaml"] = lambda v: yaml.safe_dump(v, sort_keys=False, allow_unicode=True, width=100).rstrip()
@@ -338,6 +351,7 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, profile: 
         prov=prov,
         status_counts={str(k): int(v) for k, v in status_counts.items()},
         n_trials=len(trials),
+        resumed=resumed,
         n_projected=len(proj_ids),
         n_measured=len(meas_ids),
         methods_present=stats.method_order(trials["method"].dropna().unique()),
@@ -359,29 +373,24 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, profile: 
 class ReportArgs:
     """The report command's ``key=value`` settings."""
 
-    out: str | None = None  # output folder (default: <sweep_dir>/report)
-    # device profile (name under profiles/ or YAML path) of the predicted-vs-measured section;
-    # auto: profiles/local.yaml if it exists; none: no prediction
-    profile: str | None = "auto"
+    out: str | None = setting(None, "output folder; null: <sweep_dir>/report")
+    profile: str | None = setting("auto", "device profile (a name under profiles/ or a YAML path) of the "
+                                          "predicted-vs-measured section; auto: profiles/local.yaml if it "
+                                          "exists; none: no prediction")
 
 
-USAGE = """\
-usage: python -m analysis.report SWEEP_DIR [out=DIR] [profile=NAME|PATH|auto|none]
-
-Build the HTML report of a sweep (results/<sweep>) and print the path of its index.html.
-  out=DIR       output folder (default: SWEEP_DIR/report)
-  profile=P     device profile (name under profiles/ or a YAML path) the measured trials are
-                predicted with; auto (default): profiles/local.yaml if it exists; none: skip
-"""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
-        print(USAGE, end="")
+        from canzona.reference import command_help
+
+        print(command_help("analysis.report"))
         return 0
     try:
-        parts = split_argv(argv, positionals=1, usage="python -m analysis.report SWEEP_DIR [out=DIR] [profile=P]")
+        parts = split_argv(argv, positionals=1, usage="python -m analysis.report SWEEP_DIR [out=DIR] [profile=P]",
+                           keys=[f.name for f in fields(ReportArgs)])
         if not parts.positionals:
             raise ConfigError("missing SWEEP_DIR; usage: python -m analysis.report SWEEP_DIR [out=DIR] [profile=P]")
         args = build(ReportArgs, parts.overrides, what="report")

@@ -9,7 +9,7 @@ the launcher writes (status.json, stdout/stderr tails), all written atomically.
                       axes and run folders, and the order the runs were launched in
   ``submitit/<stamp>/<job id>/``  submitit's pickles and full per-rank logs
   ``submitit/<stamp>/worker/<run>.out|.err``  full logs of the runs of ``local.mode=worker``
-  ``sbatch/``         sbatch scripts (written by ``cluster=slurm dry_run=true`` only)
+  ``sbatch/``         sbatch scripts (written by ``cluster=slurm list=true`` only)
   ``.sweep.lock``, ``.sweep.holder.json``  held by the sweep running on this folder (`lock`)
 
 status.json: ``status`` (running | done | failed), ``error`` (one line), ``job_id``,
@@ -89,8 +89,19 @@ def prepare(trial_dir: Path) -> None:
     trial_dir.mkdir(parents=True)
 
 
+_invocation: str | None = None
+
+
+def set_invocation(stamp: str) -> None:
+    """Name this sweep invocation (``run_stamp``): every run it starts records it in its
+    status.json, so a report of a resumed sweep can say how many invocations its runs came from."""
+    global _invocation
+    _invocation = stamp
+
+
 def write_status(trial_dir: Path, status: str, **fields: Any) -> dict[str, Any]:
-    """Update status.json (merging with what is there) atomically; returns the new record."""
+    """Update status.json (merging with what is there) atomically; returns the new record. A run
+    set running records the invocation that started it (`set_invocation`)."""
     rec = read_status(trial_dir) or {
         "status": None,
         "error": None,
@@ -102,6 +113,8 @@ def write_status(trial_dir: Path, status: str, **fields: Any) -> dict[str, Any]:
     rec["status"] = status
     if status == "running":
         rec.setdefault("host", socket.gethostname())
+        if _invocation is not None:
+            rec["invocation"] = _invocation
     atomic_write_json(Path(trial_dir) / STATUS, rec)
     return rec
 

@@ -33,36 +33,14 @@ from canzona.sweep.sbatch import write_sbatch_files
 from canzona.sweep.sweepfile import CONFIGS_DIR, available_sweeps, load_sweep_file
 from canzona.sweep.trials import SweepPlan, TrialRun
 
-USAGE = """\
-usage: python sweeps/run.py sweep=NAME [key=value ...]
-       python sweeps/run.py list
-
-sweep keys:  sweep=NAME|FILE.yaml  profile=local|paper|...  cluster=local|debug|slurm|simulate|dryrun
-             rerun=failed|all|none  dry_run=true  results=DIR  poll_s=1
-             repeats=N  (runs of every trial, interleaved: repetition k > 1 of a trial goes to
-                         <trial_id>-r<k>/; the report pools them)
-             sim.profile=h100|h200|a100|local|PATH  sim.workers=0
-               (cluster=simulate projects every trial with canzona.sim on that device profile,
-                default h100, into results/<sweep>-<profile>-sim-<device>/; for a measured
-                sweep sim.profile is what the report's predicted-vs-measured section uses,
-                default profiles/local.yaml when it exists; cluster=dryrun runs the first and
-                last rank of every trial at full size on fake CUDA tensors here and tabulates
-                their peak memory against 80 and 141 GiB into results/<sweep>-<profile>-dryrun/)
-             local.max_ranks=4 local.parallel=1 local.mode=worker|spawn|tasks local.timeout_min=20
-             slurm.partition= slurm.account= slurm.qos= slurm.time=01:00:00 slurm.constraint=
-             slurm.mem= slurm.gpus_per_node= slurm.tasks_per_node= slurm.cpus_per_task=
-             slurm.setup='[module load cuda]' slurm.extra_sbatch='[--exclusive]' slurm.array=true
-             slurm.array_parallelism=64 slurm.python= slurm.job_name=
-axes:        AXIS=v1,v2 keeps those values of a grid axis (e.g. method=canzona,sync layout=dp2tp1)
-trial keys:  any TrialConfig value for every trial (e.g. train.steps=3 canzona.alpha=0.5)
-"""
-
 
 def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_dir: Path = CONFIGS_DIR) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     out = stream or sys.stdout
     if any(a in ("-h", "--help", "help") for a in argv):
-        out.write(USAGE)
+        from canzona.reference import command_help
+
+        out.write(command_help("sweeps/run.py"))
         return 0
     try:
         if argv and argv[0] == "list":
@@ -71,9 +49,9 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
             return list_sweeps(out, configs_dir)
         plan = build_plan(argv, configs_dir)
         check_environment(plan)
-        if not plan.settings.dry_run:  # a results folder we cannot write: one line, before anything runs
+        if not plan.settings.list:  # a results folder we cannot write: one line, before anything runs
             writable_folder(plan.settings.results, "results")
-        lock = None if plan.settings.dry_run else ResultsLock(plan.results_dir, [sys.argv[0], *argv])
+        lock = None if plan.settings.list else ResultsLock(plan.results_dir, [sys.argv[0], *argv])
         if lock is not None:  # a dry run runs nothing and touches no record: no lock
             lock.acquire()
     except ConfigError as e:
@@ -89,8 +67,8 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
 def check_environment(plan: SweepPlan) -> None:
     """What the plan needs from this machine: sbatch for Slurm, a readable device profile."""
     s = plan.settings
-    if s.cluster == "slurm" and not s.dry_run and shutil.which("sbatch") is None:
-        raise ConfigError("cluster=slurm needs sbatch on PATH (run on a login node), or add dry_run=true")
+    if s.cluster == "slurm" and not s.list and shutil.which("sbatch") is None:
+        raise ConfigError("cluster=slurm needs sbatch on PATH (run on a login node), or add list=true")
     if s.sim.profile or s.cluster == "simulate":
         try:  # a missing or invalid device profile: one line, exit 2
             load_profile(plan.sim_profile)
@@ -109,7 +87,7 @@ def list_sweeps(out: TextIO, configs_dir: Path = CONFIGS_DIR) -> int:
         for prof in sf.profiles or [None]:
             items = [f"sweep={name}"] + ([f"profile={prof}"] if prof else [])
             try:
-                plan = build_plan(items + ["dry_run=true"], configs_dir)
+                plan = build_plan(items + ["list=true"], configs_dir)
                 reps = f" x {plan.repeats} repeats" if plan.repeats > 1 else ""
                 info = (
                     f"{len(plan.trials)} trials{reps}, cluster={plan.settings.cluster}, "
@@ -146,11 +124,13 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
         + ": "
         f"{count}, {len(to_run)} {verb}, {skipped} skipped (rerun={s.rerun}) -> {rd}/"
     )
-    if s.dry_run:
-        return dry_run(plan, runs, states, to_run, head, out)
+    if s.list:
+        return list_runs(plan, runs, states, to_run, head, out)
 
     rd.mkdir(parents=True, exist_ok=True)
-    manifest = _manifest(plan, runs, sim_prof)
+    invocation = run_stamp()
+    bk.set_invocation(invocation)
+    manifest = _manifest(plan, runs, sim_prof, invocation)
     if sim_prof is not None:
         # the profile itself, beside the projections it made (provenance)
         atomic_write_text(rd / "profile.yaml", yaml.safe_dump(sim_prof.raw, sort_keys=False))
@@ -176,7 +156,7 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
     elif s.cluster == "dryrun":
         code = dry_run_trials(plan, to_run, skipped, out)
     else:
-        code = _execute(plan, to_run, skipped, out)
+        code = _execute(plan, to_run, skipped, out, invocation)
     if code == 130:
         return code
     final = {r.id: bk.trial_state(rd / r.id) for r in runs}
@@ -197,8 +177,10 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
     return max(1 if failed else 0, report_code)
 
 
-def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_prof: Profile | None) -> dict:
-    """sweep.json: what this sweep is, its settings and its trials with their run folders."""
+def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_prof: Profile | None, invocation: str) -> dict:
+    """sweep.json: what this sweep is, its settings and its trials with their run folders, this
+    invocation and every earlier one on this results folder (a resumed sweep)."""
+    earlier = bk.read_json(plan.results_dir / "sweep.json") or {}
     folders: dict[str, list[str]] = {}
     for r in runs:
         folders.setdefault(r.trial.id, []).append(r.id)
@@ -213,6 +195,8 @@ def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_prof: Profile | None) -
         "repeats": plan.repeats,
         "trials": [{"id": t.id, "axes": t.axes, "runs": sorted(folders[t.id])} for t in plan.trials],
         "order": [r.id for r in runs],
+        "invocation": invocation,
+        "invocations": [*earlier.get("invocations", []), invocation],
         "ended": None,
     }
     if sim_prof is not None:
@@ -220,13 +204,13 @@ def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_prof: Profile | None) -
     return manifest
 
 
-def _execute(plan: SweepPlan, to_run: list[TrialRun], skipped: int, out: TextIO) -> int:
+def _execute(plan: SweepPlan, to_run: list[TrialRun], skipped: int, out: TextIO, invocation: str) -> int:
     s = plan.settings
     rd = plan.results_dir.resolve()
     if not to_run:
         print("[sweep] nothing to run: every run is already recorded (rerun=all to run them again)", file=out)
         return 0
-    log_root = rd / "submitit" / run_stamp()
+    log_root = rd / "submitit" / invocation
     backend = make_backend(plan, log_root)
     parallel = s.local.parallel if s.cluster == "local" else (1 if s.cluster == "debug" else len(to_run))
     progress = Progress(len(to_run), skipped=skipped, parallel=parallel, stream=out)
@@ -314,12 +298,12 @@ def _finalize(h: RunHandle, progress: Progress) -> None:
         progress.finish(rid, True, f"[sweep] done {rid} ({fmt_duration(wall)})")
 
 
-# --------------------------------------------------------------------------- dry run
-def dry_run(
+# --------------------------------------------------------------------------- list=true
+def list_runs(
     plan: SweepPlan, runs: list[TrialRun], states: dict[str, str], to_run: list[TrialRun], head: str, out: TextIO
 ) -> int:
     s = plan.settings
-    print(f"[dry run] {head}", file=out)
+    print(f"[list] {head}", file=out)
     run_ids = {r.id for r in to_run}
     header = ["run" if plan.repeats > 1 else "trial", "axes", "ranks", "state", "action"]
     rows = [
@@ -329,7 +313,7 @@ def dry_run(
     for line in table(rows, header):
         print(line, file=out)
     if s.cluster != "slurm":
-        print("[dry run] nothing was written", file=out)
+        print("[list] nothing was run or written", file=out)
         return 0
     shapes: dict[JobShape, list[TrialRun]] = {}
     for r in to_run:
@@ -338,17 +322,17 @@ def dry_run(
     for shape, members in shapes.items():
         kind = "job array" if s.slurm.array and len(members) > 1 else "job" if len(members) == 1 else "jobs"
         print(
-            f"[dry run] {kind} of {len(members)} run(s): nodes={shape.nodes} tasks_per_node={shape.tasks_per_node} "
+            f"[list] {kind} of {len(members)} run(s): nodes={shape.nodes} tasks_per_node={shape.tasks_per_node} "
             f"gpus_per_node={shape.gpus_per_node} cpus_per_task={shape.cpus_per_task}",
             file=out,
         )
         print(f"          submitit parameters: {submitit_parameters(s, shape, name)}", file=out)
     if not to_run:
-        print("[dry run] no sbatch scripts: nothing to run", file=out)
+        print("[list] no sbatch scripts: nothing to run", file=out)
         return 0
     sbatch_dir = write_sbatch_files(plan, to_run)
     print(
-        f"[dry run] wrote {len(to_run)} sbatch scripts + submit_all.sh to {sbatch_dir}/ (the only files a dry run writes)",
+        f"[list] wrote {len(to_run)} sbatch scripts + submit_all.sh to {sbatch_dir}/ (the only files list=true writes)",
         file=out,
     )
     return 0

@@ -1,11 +1,22 @@
-"""Live progress (done / running / failed / pending, ETA) and the end-of-sweep summary table.
+"""Sweep progress (a live status line on a terminal, one line per finished run elsewhere) and
+the end-of-sweep summary table.
 
-On a terminal the status line is redrawn in place; anywhere else (CI logs, pipes) a plain line
-is printed whenever the counts change, and at least every `heartbeat_s` while trials run.
+On a terminal, one status line drawn in place with rich: a bar, finished / total, failures, the
+measured rate, elapsed time, the ETA and the running run(s); failures are printed above it.
+Anywhere else (CI logs, pipes): one line when the first run starts (how many runs are to go and
+how many were skipped, i.e. already recorded by an earlier invocation), then exactly one line
+per finished run, with the counts and the ETA -- no redraws, no repeated counters.
+
+The ETA is measured, never guessed: none is shown until a run of this sweep has finished; then
+it is the median duration of this sweep's finished runs (of those that did not pay a slot's
+cold start, once there are any: the first ``parallel`` runs start the workers) laid onto
+``parallel`` slots -- the running runs first, for what their median leaves of them, then every
+pending run -- i.e. about median x remaining runs / parallel.
 """
 
 from __future__ import annotations
 
+import heapq
 import shutil
 import statistics
 import sys
@@ -15,6 +26,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from canzona.sweep.bookkeeping import load_summary, read_status
+
+_clock = time.monotonic  # every time the progress reads (tests set their own)
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -28,7 +41,30 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def fmt_rate(runs: int, seconds: float) -> str | None:
+    """Measured throughput: runs per minute (per hour below one a minute)."""
+    if runs <= 0 or seconds <= 0:
+        return None
+    per_min = runs * 60.0 / seconds
+    return f"{per_min:.1f} runs/min" if per_min >= 1 else f"{per_min * 60:.1f} runs/h"
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
 class Progress:
+    """What a sweep's loop reports: `start` when a run is handed out, `finish` when it ends,
+    `refresh` in between (redraws the terminal line), `close` at the end.
+
+    ``total``: runs this invocation runs; ``skipped``: runs of the sweep already recorded (not
+    rerun); ``parallel``: how many run at once. ``tty``: None = ``stream.isatty()``.
+    ``heartbeat_s``: off by default; a number makes the non-terminal output add a status line at
+    least that often while runs are going (for CI systems that kill silent jobs).
+    ``min_interval_s``: the terminal line is redrawn at most this often (unless forced)."""
+
+    BAR = 24  # width of the terminal's bar, in characters
+
     def __init__(
         self,
         total: int,
@@ -36,101 +72,229 @@ class Progress:
         parallel: int = 1,
         stream: TextIO | None = None,
         tty: bool | None = None,
-        heartbeat_s: float = 30.0,
+        heartbeat_s: float | None = None,
         min_interval_s: float = 0.0,
     ) -> None:
         self.stream = stream or sys.stdout
-        self.tty = self.stream.isatty() if tty is None else tty
+        isatty = getattr(self.stream, "isatty", None)
+        self._terminal = bool(isatty and isatty())  # a real one: rich measures its width
+        self.tty = self._terminal if tty is None else tty
         self.total, self.skipped, self.parallel = total, skipped, max(1, parallel)
         self.done = self.failed = self.running = 0
-        self.durations: list[float] = []
-        self.started: dict[str, float] = {}
-        self.t0 = time.monotonic()
+        self.durations: list[float] = []  # seconds of every finished run that was started
+        self.started: dict[str, float] = {}  # running run -> its start (monotonic)
+        self.t0 = _clock()
         self.heartbeat_s = heartbeat_s
-        self.min_interval_s = min_interval_s  # non-tty: at most one count line this often (unless forced)
-        self._last_line = ""
-        self._last_print = 0.0
-        self._drawn = False
+        self.min_interval_s = min_interval_s
+        self._n_started = 0
+        self._slot: dict[str, bool] = {}  # running run -> warm (not one of the first `parallel` started)
+        self._timed: list[tuple[float, bool]] = []  # (duration, warm) per finished run
+        self._began = False
+        self._closed = False
+        self._last_print = _clock()
+        self._last_draw = 0.0
+        self._live: Any = None  # rich.progress.Progress on a terminal
+        self._task: Any = None
 
+    # ------------------------------------------------------------------ counts and estimates
     @property
     def pending(self) -> int:
         return self.total - self.done - self.failed - self.running
 
+    @property
+    def finished(self) -> int:
+        return self.done + self.failed
+
+    def per_run(self) -> float | None:
+        """The median measured duration of this sweep's finished runs (warm ones once any
+        finished), None before the first."""
+        warm = [d for d, w in self._timed if w]
+        pool = warm or [d for d, _ in self._timed]
+        return statistics.median(pool) if pool else None
+
+    def eta(self) -> float | None:
+        """Seconds until every run has finished: None until one finished, 0 when none is left."""
+        if self.pending + self.running <= 0:
+            return 0.0
+        d = self.per_run()
+        if d is None:
+            return None
+        now = _clock()
+        slots = [max(0.0, d - (now - t)) for t in self.started.values()]
+        slots += [0.0] * max(0, self.parallel - len(slots))
+        heapq.heapify(slots)
+        for _ in range(max(0, self.pending)):
+            heapq.heapreplace(slots, slots[0] + d)
+        return max(slots)
+
+    def _running_text(self, limit: int = 3) -> str:
+        names = list(self.started)
+        if not names:
+            return ""
+        shown = ", ".join(names[:limit])
+        return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+    def line(self) -> str:
+        """The status as one plain line (what the non-terminal output prints)."""
+        parts = [
+            f"[sweep] {self.finished}/{self.total} finished",
+            f"{self.failed} failed",
+            f"{self.running} running",
+            f"{fmt_duration(_clock() - self.t0)} elapsed",
+        ]
+        eta = self.eta()
+        if eta is not None and self.pending + self.running > 0:
+            parts.append(f"ETA {fmt_duration(eta)}")
+        return " | ".join(parts)
+
+    def begin_line(self) -> str:
+        s = f"[sweep] {self.total} run(s) to run"
+        if self.parallel > 1:
+            s += f", {self.parallel} at a time"
+        return (
+            s
+            + (f"; {self.skipped} skipped (already recorded: resumed)" if self.skipped else "; none skipped")
+            + "; ETA once a run has finished"
+        )
+
+    # ------------------------------------------------------------------ events
     def start(self, key: str) -> None:
-        self.started[key] = time.monotonic()
+        self._begin()
+        self.started[key] = _clock()
+        self._slot[key] = self._n_started >= self.parallel
+        self._n_started += 1
         self.running += 1
-        self.refresh()
+        self.refresh(force=True)
 
     def finish(self, key: str, ok: bool, message: str | None) -> None:
-        """Count a trial as finished; print `message` (None: only the counts)."""
+        """Count a run as finished and report it in one line: `message` (e.g. ``[sweep] FAILED
+        <id> (12s): <error>``), or None for ``done <key> (<its duration>)``."""
+        self._begin()
         t = self.started.pop(key, None)
+        warm = self._slot.pop(key, False)
+        took = None
         if t is not None:
-            self.durations.append(time.monotonic() - t)
+            took = _clock() - t
+            self.durations.append(took)
+            self._timed.append((took, warm))
             self.running -= 1
         if ok:
             self.done += 1
         else:
             self.failed += 1
         if message is None:
-            self.refresh()
+            message = f"done {key}" + (f" ({fmt_duration(took)})" if took is not None else "")
+        message = _one_line(message).removeprefix("[sweep] ")
+        if self.tty:
+            if not ok:
+                self._print_above(f"[sweep] {message}")
+            self.refresh(force=True)
         else:
-            self.event(message)
-
-    def eta(self) -> float | None:
-        remaining = self.pending + self.running
-        if remaining == 0:
-            return 0.0
-        if not self.durations:
-            return None
-        mean = statistics.fmean(self.durations)
-        now = time.monotonic()
-        running_left = sum(max(0.0, mean - (now - t)) for t in self.started.values())
-        return (self.pending * mean + running_left) / self.parallel
-
-    def line(self) -> str:
-        s = (
-            f"[sweep] {self.done}/{self.total} done | {self.running} running | {self.failed} failed | "
-            f"{self.pending} pending"
-        )
-        if self.skipped:
-            s += f" | {self.skipped} skipped"
-        return s + f" | elapsed {fmt_duration(time.monotonic() - self.t0)} | ETA {fmt_duration(self.eta())}"
-
-    def _clear(self) -> None:
-        if self.tty and self._drawn:
-            self.stream.write("\r\033[K")
-            self._drawn = False
+            self._write(f"{self.line()} | {message}")
 
     def event(self, message: str) -> None:
-        self._clear()
-        self.stream.write(message.rstrip("\n") + "\n")
-        self.stream.flush()
-        self.refresh(force=True)
+        """A line of its own (above the status line on a terminal)."""
+        self._begin()
+        if self.tty:
+            self._print_above(message.rstrip("\n"))
+            self.refresh(force=True)
+        else:
+            self._write(message.rstrip("\n"))
 
     def refresh(self, force: bool = False) -> None:
-        line = self.line()
-        now = time.monotonic()
-        if self.tty:
-            width = shutil.get_terminal_size((120, 20)).columns
-            self.stream.write("\r\033[K" + line[: width - 1])
-            self._drawn = True
-            self.stream.flush()
+        now = _clock()
+        if not self.tty:
+            if self.heartbeat_s and self.running and now - self._last_print >= self.heartbeat_s:
+                self._write(self.line())
             return
-        counts = line.split(" | elapsed")[0]
-        if (
-            force
-            or (counts != self._last_line and now - self._last_print >= self.min_interval_s)
-            or (self.running and now - self._last_print >= self.heartbeat_s)
-        ):
-            self.stream.write(line + "\n")
-            self.stream.flush()
-            self._last_line, self._last_print = counts, now
+        if self._closed or not (force or now - self._last_draw >= self.min_interval_s):
+            return
+        self._ensure_live()
+        self._draw()
+        self._live.refresh()
+        self._last_draw = now
 
     def close(self) -> None:
-        if self.tty and self._drawn:
-            self.stream.write("\n")
-            self._drawn = False
+        if self._live is not None and not self._closed:
+            self._draw()
+            self._live.stop()
+        self._closed = True
         self.stream.flush()
+
+    # ------------------------------------------------------------------ output
+    def _begin(self) -> None:
+        if self._began:
+            return
+        self._began = True
+        self._write(self.begin_line())  # on a terminal too: before the status line is drawn
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self._last_print = _clock()
+
+    def _tty_info(self) -> str:
+        elapsed = _clock() - self.t0
+        parts = [f"{self.finished}/{self.total}"]
+        if self.failed:
+            parts.append(f"{self.failed} failed")
+        rate = fmt_rate(self.finished, elapsed)
+        if rate:
+            parts.append(rate)
+        parts.append(f"{fmt_duration(elapsed)} elapsed")
+        eta = self.eta()
+        if eta is not None and self.pending + self.running > 0:
+            parts.append(f"ETA {fmt_duration(eta)}")
+        running = self._running_text(limit=2)
+        if running:
+            parts.append(f"running: {running}")
+        return " · ".join(parts)
+
+    def _ensure_live(self) -> None:
+        if self._live is not None:
+            return
+        from rich.console import Console  # a terminal only: plain output needs no rich
+        from rich.progress import BarColumn, TextColumn
+        from rich.progress import Progress as RichProgress
+        from rich.table import Column
+
+        console = Console(
+            file=self.stream,
+            force_terminal=True,
+            width=None if self._terminal else shutil.get_terminal_size((120, 20)).columns,
+        )
+        self._live = RichProgress(
+            TextColumn("[sweep]", markup=False, table_column=Column(no_wrap=True)),
+            BarColumn(
+                bar_width=self.BAR,
+                complete_style="green",
+                finished_style="green",
+                table_column=Column(no_wrap=True),
+            ),
+            TextColumn("{task.fields[info]}", markup=False, table_column=Column(no_wrap=True)),
+            console=console,
+            auto_refresh=False,
+            transient=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._task = self._live.add_task("sweep", total=max(1, self.total), completed=self.finished, info="")
+        self._draw()
+        self._live.start()
+
+    def _draw(self) -> None:
+        """Update the status line, its text cut to the terminal (the bar keeps its width)."""
+        info = self._tty_info()
+        room = max(12, self._live.console.width - len("[sweep]") - self.BAR - 3)
+        if len(info) > room:
+            info = info[: room - 1] + "…"
+        self._live.update(self._task, completed=self.finished, info=info)
+
+    def _print_above(self, text: str) -> None:
+        if self._live is None or self._closed:
+            self._write(text)
+            return
+        self._live.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 # --------------------------------------------------------------------------- summary
@@ -151,9 +315,29 @@ def table(rows: list[list[str]], header: list[str]) -> list[str]:
     return out
 
 
+def _model(cfg: Any) -> str:
+    """The model a run trained, scaled variants named apart (qwen3-0.6b/w16l2)."""
+    m = getattr(cfg, "model", None)
+    name = str(getattr(m, "name", "?"))
+    div, layers = getattr(m, "width_div", 1) or 1, getattr(m, "num_layers", None)
+    return name if div == 1 and layers is None else f"{name}/w{div}l{layers if layers is not None else 'all'}"
+
+
+def _layout(cfg: Any) -> str:
+    par = getattr(cfg, "parallel", None)
+    return f"dp{getattr(par, 'dp', '?')}tp{getattr(par, 'tp', '?')}"
+
+
+def _median(values: list[float | None]) -> float | None:
+    vs = [v for v in values if v is not None]
+    return statistics.median(vs) if vs else None
+
+
 def summary_table(results_dir: Path, runs: list[Any], max_rows: int = 24, width: int = 110) -> str:
-    """One screen: a row per run (or per method x optimizer when there are many), failures last.
-    ``runs``: anything with ``id`` (the folder) and ``cfg`` (`canzona.sweep.trials.TrialRun`)."""
+    """One screen: a row per run, failures last; when there are more than ``max_rows`` runs, a
+    row per model x layout x method x optimizer (its runs' medians pooled there only: no median
+    mixes models or layouts). ``runs``: anything with ``id`` (the folder) and ``cfg``
+    (`canzona.sweep.trials.TrialRun`)."""
     recs = []
     for t in runs:
         d = Path(results_dir) / t.id
@@ -182,25 +366,41 @@ def summary_table(results_dir: Path, runs: list[Any], max_rows: int = 24, width:
         ]
         lines += table(rows, header)
     else:
-        groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        groups: dict[tuple[str, str, str, str], list[Any]] = defaultdict(list)
         for r in recs:
-            groups[(r[0].cfg.method.label, r[0].cfg.optimizer.name)].append(r)
+            cfg = r[0].cfg
+            groups[(_model(cfg), _layout(cfg), cfg.method.label, cfg.optimizer.name)].append(r)
         rows = []
-        for (method, opt), rs in groups.items():
-            opt_ms = [m for m in (_metric(r[2], "optimizer_step_ms_median") for r in rs) if m is not None]
-            it_ms = [m for m in (_metric(r[2], "iteration_ms_median") for r in rs) if m is not None]
+        for (model, layout, method, opt), rs in groups.items():
             rows.append(
                 [
-                    f"{method}/{opt}",
+                    model,
+                    layout,
+                    method,
+                    opt,
                     str(len(rs)),
                     str(sum(r[1] == "done" for r in rs)),
                     str(sum(r[1] == "failed" for r in rs)),
-                    _ms(statistics.median(it_ms) if it_ms else None),
-                    _ms(statistics.median(opt_ms) if opt_ms else None),
+                    _ms(_median([_metric(r[2], "iteration_ms_median") for r in rs])),
+                    _ms(_median([_metric(r[2], "optimizer_step_ms_median") for r in rs])),
                 ]
             )
+        lines.append(
+            f"{len(recs)} runs: one row per model x layout x method x optimizer (medians over its runs)"
+        )
         lines += table(
-            rows, ["method/optimizer", "runs", "done", "failed", "median iter ms", "median opt ms"]
+            rows,
+            [
+                "model",
+                "layout",
+                "method",
+                "optimizer",
+                "runs",
+                "done",
+                "failed",
+                "median iter ms",
+                "median opt ms",
+            ],
         )
     failures = [(t, st) for t, status, _, st in recs if status == "failed"]
     if failures:

@@ -139,7 +139,13 @@ def _open_report(index: Path, out_png: Path) -> dict[str, Any]:
         check = """(() => {
             const imgs = Array.from(document.images).map(i => ({id: i.id, complete: i.complete, w: i.naturalWidth}));
             const h = document.querySelector('table#headline');
+            // every table against the box it sits in: wider means a sideways scroll that hides columns
+            const tables = Array.from(document.querySelectorAll('table')).map(t => ({
+                id: t.id, width: t.scrollWidth, box: t.parentElement.clientWidth,
+                boxScroll: t.parentElement.scrollWidth}));
+            const note = document.getElementById('invocations-note');
             return {imgs, headline: !!h, headlineRows: h ? h.tBodies[0].rows.length : 0,
+                    tables, viewport: window.innerWidth, note: note ? note.textContent : null,
                     title: document.title, height: document.documentElement.scrollHeight};
         })()"""
         # images are data URIs: decoded by load, but give decode a moment on slow machines
@@ -176,7 +182,10 @@ def test_report_in_headless_chromium(tmp_path):
         pytest.skip("chromium not on PATH (apt-get install -y chromium; CI=true makes this a failure)")
     from analysis.report import build_report
 
-    sweep = _fixture_module().make_sweep(tmp_path / "sweep")
+    gen = _fixture_module()
+    # the widest headline a sweep makes: canzona against every rung of the authors' ladder, the
+    # other baselines and adamw (7 comparisons x 2 metrics), from a resumed sweep (2 invocations)
+    sweep = gen.make_sweep(tmp_path / "sweep", methods=gen.LADDER_METHODS, invocations=2)
     index = build_report(sweep)
     png = tmp_path / "report.png"
     info = _open_report(index, png)
@@ -192,3 +201,13 @@ def test_report_in_headless_chromium(tmp_path):
     bad = [i for i in info["imgs"] if not (i["complete"] and i["w"] > 0)]
     assert not bad, f"images that did not load: {bad}"
     assert "Canzona sweep report" in info["title"]
+    # tables fit a 1400 px window: none scrolls sideways (its right columns hidden), least of
+    # all the headline, however many methods the sweep compares
+    assert info["viewport"] == 1400
+    tables = {t["id"]: t for t in info["tables"]}
+    head = tables["headline"]
+    assert head["width"] <= head["box"] and head["boxScroll"] <= head["box"], head
+    too_wide = [t for t in info["tables"] if t["width"] > t["box"] or t["boxScroll"] > t["box"]]
+    assert not too_wide, too_wide
+    assert info["headlineRows"] == len(gen.LADDER_METHODS) - 1  # a row per comparison of the first point
+    assert info["note"] == "runs from 2 invocations of this sweep (resumed)"

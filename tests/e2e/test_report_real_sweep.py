@@ -5,11 +5,15 @@ that the sweep printed the report's path last, that ``trials.csv`` holds the med
 here straight from ``steps.jsonl`` (max over ranks per measured step), that ``speedups.csv``'s
 canzona-vs-sync ratio is the ratio of those medians, that the HTML shows them, and that every
 rank's recorded bytes per action equal its program's (``summary.json``'s ``program_check``).
+Also that the sweep's progress without a terminal is one start line and one line per finished
+run, and that after a resume (one run removed, the command again) the report says its runs
+come from two invocations.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,11 +57,15 @@ def _median_of_max(steps: Path, key: str) -> float:
 
 def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
     (tmp_path / "two.yaml").write_text(textwrap.dedent(SWEEP))
-    r = subprocess.run(
-        [sys.executable, str(REPO / "sweeps" / "run.py"), f"sweep={tmp_path / 'two.yaml'}", f"results={tmp_path / 'results'}"],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
-    )
+    command = [sys.executable, str(REPO / "sweeps" / "run.py"), f"sweep={tmp_path / 'two.yaml'}",
+               f"results={tmp_path / 'results'}"]
+    r = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    # progress without a terminal: the start line, then exactly one line per finished run
+    progress = [line for line in r.stdout.splitlines() if line.startswith("[sweep] ")]
+    assert progress[0].startswith("[sweep] 2 run(s) to run; none skipped"), r.stdout
+    assert [line.split(" | ")[0] for line in progress[1:]] == ["[sweep] 1/2 finished", "[sweep] 2/2 finished"], r.stdout
+    assert " | ETA " in progress[1] and progress[2].split(" | ")[-1].startswith("done "), r.stdout
     report = Path(r.stdout.strip().splitlines()[-1])
     assert report.name == "index.html" and report.exists()
     trials = pd.read_csv(report.parent / "trials.csv")
@@ -98,3 +106,20 @@ def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
             assert min(e["start_ms"] for e in mine) >= 0 and end <= s["optimizer_step_ms"] + 1e-6
             assert end >= 0.5 * s["optimizer_step_ms"], (t.trial_id, rank, end, s["optimizer_step_ms"])
             assert not {e.get("phase") for e in mine} & {"forward", "backward", "grad_reduce", "param_sync"}
+
+    # resumed: one run removed, the same command again runs it alone; the report says that its
+    # runs come from two invocations (each run's status.json records the invocation that ran it)
+    assert "invocations of this sweep" not in html
+    victim = trials.iloc[0]["trial_id"]
+    shutil.rmtree(tmp_path / "results" / "two" / victim)
+    r = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "[sweep] 1 run(s) to run; 1 skipped (already recorded: resumed)" in r.stdout, r.stdout
+    assert "runs from 2 invocations of this sweep (resumed)" in report.read_text()
+    again = pd.read_csv(report.parent / "trials.csv").set_index("trial_id")
+    assert again["invocation"].nunique() == 2 and again["invocation"].notna().all()
+    manifest = json.loads((tmp_path / "results" / "two" / "sweep.json").read_text())
+    statuses = {json.loads((tmp_path / "results" / "two" / t / "status.json").read_text())["invocation"]
+                for t in trials["trial_id"]}
+    assert len(manifest["invocations"]) == 2 and manifest["invocation"] == manifest["invocations"][-1]
+    assert statuses == set(manifest["invocations"])

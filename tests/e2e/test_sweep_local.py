@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,7 +120,8 @@ def test_local_sweep_records_resumes_and_survives_a_failing_trial(tmp_path):
     assert not (failed / "summary.json").exists()
 
     # progress (non-TTY: plain lines), the summary table, then the report path (or a note)
-    assert "[sweep] 0/3 done | 1 running" in out and "ETA" in out
+    assert "[sweep] 3 run(s) to run" in out and " | ETA " in out
+    assert len(re.findall(r"^\[sweep\] \d/3 finished \| ", out, re.M)) == 3, out  # one line per finished run
     assert f"FAILED {failed_id}" in out and "(2 done, 1 failed, 0 other)" in out
     check_report_line(out)
     manifest = json.loads((root / "sweep.json").read_text())
@@ -142,8 +144,16 @@ def test_local_sweep_records_resumes_and_survives_a_failing_trial(tmp_path):
     assert time.monotonic() - t0 < max(30.0, first_run_s / 2)
     assert r.returncode == 1  # the failed trial is still failed
 
-    # a fixed trial is picked up once the bad value is overridden away (different config, new id)
+    # overriding a key that the trial's axis value sets is refused (the trial would be named for
+    # one config and run another), naming both, and nothing runs
     r = sweep(tmp_path, "trial=broken-dp2", "train.fail_on_rank=null", "cluster=debug")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert "train.fail_on_rank=null contradicts axis trial=broken-dp2, which sets train.fail_on_rank=1" in r.stderr
+    assert set(trial_dirs(root)) == set(dirs)
+    # a trial fixed in the sweep file is picked up (different config, new id)
+    sweep_file = tmp_path / "tiny.yaml"
+    sweep_file.write_text(sweep_file.read_text().replace("train.fail_on_rank: 1", "train.fail_on_rank: null"))
+    r = sweep(tmp_path, "trial=broken-dp2", "cluster=debug")
     assert r.returncode == 0, r.stdout + r.stderr
     new = set(trial_dirs(root)) - set(dirs)
     assert len(new) == 1

@@ -313,7 +313,7 @@ def test_cli_errors(tmp_path, capsys):
     # unknown keys and flags, a second folder, no folder: one line, exit 2, nothing written
     for argv, fragment in (
         ([str(tmp_path / "empty"), "ot=x"], "unknown report key 'ot'; allowed under top level: out, profile"),
-        ([str(tmp_path / "empty"), "--out", "x"], "unknown flag --out; allowed flags: none"),
+        ([str(tmp_path / "empty"), "--out", "x"], "unknown flag --out; settings are key=value (out=x?)"),
         ([str(tmp_path / "empty"), str(tmp_path)], "bad argument"),
         ([], "missing SWEEP_DIR"),
     ):
@@ -390,3 +390,74 @@ def test_plot_colours_tell_methods_and_phases_apart() -> None:
                "zero1_atomic+async_balanced"]
     assert len({plots._color(m) for m in methods}) == len(methods)
     assert len({plots._marker(o) for o in ("muon", "shampoo", "soap", "adamw")}) == 4
+
+
+# ------------------------------------------------------------------------ resumed sweeps
+
+
+def test_report_says_its_runs_come_from_several_invocations(tmp_path, built):
+    """A resumed sweep: runs of two invocations (told apart by their submitit/<stamp>/ logs);
+    the header says so, the provenance lists each with its runs, trials.csv names each run's."""
+    sweep = _gen().make_sweep(tmp_path / "resumed", invocations=2)
+    index = build_report(sweep, profile=None)
+    html = index.read_text()
+    head = html[:html.index("<nav>")]
+    assert "runs from 2 invocations of this sweep (resumed)" in head
+    box = html[html.index('id="invocations"'):]
+    box = box[:box.index("</tr>")]
+    assert "<code>20250101-000000-100</code>: 7 runs" in box and "<code>20250102-000000-101</code>: 4 runs" in box
+    trials = pd.read_csv(index.parent / "trials.csv").set_index("trial_id")
+    assert trials.loc["t000-canzona-qwen3-0.6b-s1234", "invocation"] == "20250101-000000-100"
+    assert trials.loc["t007-adamw-qwen3-1.7b-s1234", "invocation"] == "20250102-000000-101"
+    # the failed / running / no-steps trials carry no log folder: placed by their start time,
+    # before the last invocation's, in the one earlier invocation known
+    assert trials.loc["t008-sync-qwen3-1.7b-fail", "invocation"] == "20250101-000000-100"
+    # one invocation: no such line
+    _, one = built
+    assert "invocations of this sweep" not in one.read_text()[:one.read_text().index("<nav>")]
+
+
+def test_invocations_from_recorded_ids_or_start_times(tmp_path):
+    from analysis.load import load_sweep
+
+    gen = _gen()
+    root = tmp_path / "times"
+    manifest = {"sweep": "times", "started": "2025-03-02T10:00:00+00:00", "trials": [], "order": []}
+    gen.write_trial(root / "a", gen.trial_config("canzona"), status_extra={"started": "2025-03-01T09:00:00+00:00"})
+    gen.write_trial(root / "b", gen.trial_config("sync"), status_extra={"started": "2025-03-02T10:00:03+00:00"})
+    (root / "sweep.json").write_text(json.dumps(manifest))
+    sw = load_sweep(root)
+    assert [(g["runs"], g["exact"], g["how"]) for g in sw.invocations] == [(1, False, "start time"), (1, True, "start time")]
+    html = build_report(root, profile=None).read_text()
+    assert "runs from at least 2 invocations of this sweep (resumed)" in html[:html.index("<nav>")]
+    # an invocation id in status.json wins over everything else
+    for name, inv in (("a", "inv-1"), ("b", "inv-1")):
+        st = json.loads((root / name / "status.json").read_text())
+        (root / name / "status.json").write_text(json.dumps({**st, "invocation": inv}))
+    sw = load_sweep(root)
+    assert [(g["id"], g["runs"], g["how"]) for g in sw.invocations] == [("inv-1", 2, "recorded")]
+    assert "invocations of this sweep" not in build_report(root, profile=None).read_text()
+
+
+def test_headline_is_a_block_of_rows_per_point(tmp_path):
+    """The headline is as wide for seven comparisons as for two: a tbody per point, a row per
+    comparison (every baseline, then adamw), the point's cells spanning its rows; config values
+    that split points share one "setting" column."""
+    import re
+
+    gen = _gen()
+    root = tmp_path / "points"
+    for seq in (16, 32):
+        for m in ("canzona", "sync", "zero1_atomic+async"):
+            gen.write_trial(root / f"{m}-{seq}", gen.trial_config(m, extra=[f"train.seq_len={seq}"]))
+    html = build_report(root, profile=None).read_text()
+    table = html[html.index('<table id="headline">'):]
+    table = table[:table.index("</table>")]
+    bodies = re.findall(r'<tbody class="point">(.*?)</tbody>', table, re.S)
+    assert len(bodies) == 2
+    for body in bodies:
+        rows = re.findall(r'<tr data-baseline="([^"]+)">', body)
+        assert rows[-1] == "adamw" and sorted(rows[:-1]) == ["layerwise", "sync", "zero1_atomic+async"], rows
+        assert body.count('rowspan="4"') >= 5  # model, optimizer, layout, setting, variant, latencies
+        assert "train.<wbr>seq_<wbr>len&nbsp;= " in body
+    assert "<th rowspan=\"2\">setting</th>" in table and table.count("<th") < 16

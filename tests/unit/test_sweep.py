@@ -1,4 +1,4 @@
-"""Sweep expansion, overrides, errors, trial ids, bookkeeping, progress and dry runs (no trials run)."""
+"""Sweep expansion, overrides, errors, trial ids, bookkeeping, progress and list=true (no trials run)."""
 
 from __future__ import annotations
 
@@ -197,7 +197,8 @@ def test_ids_are_stable_readable_and_content_addressed(tmp_path):
         (["sweep=qwen3_scaling", "cluster=k8s"], "choose one of: local, debug, slurm"),
         (["sweep=qwen3_scaling", "rerun=some"], "choose one of: failed, all, none"),
         (["sweep=qwen3_scaling", "size=70b"], "allowed: 0.6b, 8b"),
-        (["sweep=qwen3_scaling", "parallel.tp=3"], "parallel.tp=3 does not divide heads"),
+        (["sweep=qwen3_scaling", "parallel.tp=3"], "parallel.tp=3 contradicts axis layout=dp2tp1"),
+        (["sweep=qwen3_scaling", "canzona.alpha=2"], "canzona.alpha=2.0 must be in [0, 1]"),
         (["sweep=qwen3_scaling", "method=adam"], "choose one of: canzona, sync, layerwise, adamw"),
         (["sweep=qwen3_scaling", "train.recompute=selective"], "train.recompute='selective' is not allowed; "
                                                                "choose one of: none, full"),
@@ -265,10 +266,10 @@ def test_settings_values():
         "slurm.time=02:30:00",
         "slurm.setup=[module load cuda/12.4, source ~/venv/bin/activate]",
         "slurm.extra_sbatch=[--signal=USR1@90]",
-        "dry_run=true",
+        "list=true",
     )
     s = p.settings
-    assert (s.slurm.partition, s.slurm.account, s.slurm.time, s.dry_run) == ("gpu", "proj", "02:30:00", True)
+    assert (s.slurm.partition, s.slurm.account, s.slurm.time, s.list) == ("gpu", "proj", "02:30:00", True)
     assert s.slurm.setup == ["module load cuda/12.4", "source ~/venv/bin/activate"]
     assert time_minutes(s.slurm.time) == 150
 
@@ -362,26 +363,128 @@ def test_adopt_and_tails(tmp_path):
 
 
 # --------------------------------------------------------------------------- progress
-def test_progress_non_tty_prints_lines_with_counts_and_eta():
+class _Clock:
+    """The clock of canzona.sweep.progress, moved by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = _Clock()
+    monkeypatch.setattr("canzona.sweep.progress._clock", c)
+    return c
+
+
+def test_progress_non_tty_prints_one_line_per_finished_run(clock):
     buf = io.StringIO()
-    p = Progress(3, skipped=1, stream=buf, tty=False)
+    p = Progress(3, skipped=2, stream=buf, tty=False, parallel=1)
     p.start("a")
-    p.finish("a", True, "done a")
+    for _ in range(5):
+        clock.t += 10
+        p.refresh()  # the sweep's poll loop: nothing printed
+    p.finish("a", True, "[sweep] done a (50s)")
     p.start("b")
-    p.finish("b", False, "FAILED b")
-    text = buf.getvalue()
-    assert "\r" not in text
-    assert "[sweep] 1/3 done | 0 running | 0 failed | 2 pending | 1 skipped" in text
-    assert "1 failed | 1 pending" in text and "ETA" in text and "FAILED b" in text
-
-
-def test_progress_tty_redraws_in_place():
-    buf = io.StringIO()
-    p = Progress(2, stream=buf, tty=True)
-    p.start("a")
+    clock.t += 10
     p.refresh()
+    p.finish("b", False, "[sweep] FAILED b (10s): RuntimeError: boom\nsecond line")
+    p.finish("c", False, "[sweep] FAILED c: submission failed: sbatch refused")  # never started
     p.close()
-    assert "\r\033[K[sweep] 0/2 done | 1 running" in buf.getvalue()
+    lines = buf.getvalue().splitlines()
+    assert "\r" not in buf.getvalue() and "\033" not in buf.getvalue()
+    assert len(lines) == 1 + 3, lines  # the start line, then exactly one line per finished run
+    assert "3 run(s) to run" in lines[0] and "2 skipped (already recorded: resumed)" in lines[0]
+    assert lines[1] == "[sweep] 1/3 finished | 0 failed | 0 running | 50s elapsed | ETA 1m40s | done a (50s)"
+    assert lines[2].startswith("[sweep] 2/3 finished | 1 failed | 0 running | 1m00s elapsed | ETA ")
+    assert lines[2].endswith("| FAILED b (10s): RuntimeError: boom second line")
+    assert lines[3] == (
+        "[sweep] 3/3 finished | 2 failed | 0 running | 1m00s elapsed | FAILED c: submission failed: sbatch refused"
+    )
+    assert p.done == 1 and p.failed == 2 and p.pending == 0
+
+
+def test_progress_message_none_names_the_run_and_its_duration(clock):
+    buf = io.StringIO()
+    p = Progress(2, stream=buf, tty=False)
+    p.start("a")
+    clock.t += 7
+    p.finish("a", True, None)
+    assert buf.getvalue().splitlines()[-1].endswith("| done a (7s)")
+    assert "none skipped" in buf.getvalue().splitlines()[0]
+
+
+def test_progress_eta_is_none_until_a_run_finished_then_measured(clock):
+    p = Progress(10, parallel=2, stream=io.StringIO(), tty=False)
+    p.start("r0")
+    p.start("r1")
+    clock.t += 100
+    assert p.eta() is None and "ETA" not in p.line()  # no guess before a run has finished
+    p.finish("r0", True, None)  # 100 s; r1 still running, 8 pending, 2 slots
+    # r1's slot is free at 0 s (its 100 s are spent), the other now: 8 runs of 100 s over 2 slots
+    assert p.eta() == pytest.approx(400.0)
+    p.start("r2")  # a warm slot: its duration will be what the ETA uses
+    clock.t += 30
+    p.finish("r1", True, None)  # 130 s, cold
+    p.finish("r2", True, None)  # 30 s, warm: the cold starts no longer count
+    assert p.per_run() == pytest.approx(30.0)
+    # 7 pending, nothing running, 2 slots of 30 s: ceil(7 / 2) = 4 rounds
+    assert p.eta() == pytest.approx(120.0)
+
+
+def test_progress_eta_uses_parallel_slots_and_the_tail(clock):
+    """median x remaining / parallel in the bulk, but the last run still takes a whole run."""
+    p = Progress(3, parallel=4, stream=io.StringIO(), tty=False)
+    p.start("a")
+    clock.t += 60
+    p.finish("a", True, None)
+    assert p.eta() == pytest.approx(60.0)  # 2 pending on 4 slots run side by side, not 2 x 60 / 4
+    p = Progress(9, parallel=1, stream=io.StringIO(), tty=False)
+    p.start("a")
+    clock.t += 60
+    p.finish("a", True, None)
+    p.start("b")
+    clock.t += 20
+    assert p.eta() == pytest.approx(40 + 7 * 60)  # what b has left, then 7 runs one after another
+
+
+def test_progress_heartbeat_only_when_asked(clock):
+    buf = io.StringIO()
+    p = Progress(2, stream=buf, tty=False, heartbeat_s=60)
+    p.start("a")
+    clock.t += 61
+    p.refresh()
+    p.refresh()
+    assert len(buf.getvalue().splitlines()) == 2 and "1 running" in buf.getvalue().splitlines()[1]
+
+
+def test_progress_tty_draws_one_live_status_line(clock):
+    buf = io.StringIO()
+    p = Progress(3, skipped=1, parallel=2, stream=buf, tty=True)
+    p.start("alpha")
+    p.start("beta")
+    clock.t += 30
+    p.refresh()
+    first, text = buf.getvalue().split("\n", 1)
+    assert "ETA once a run has finished" in first
+    assert "running: alpha, beta" in text and "ETA" not in text
+    p.finish("alpha", True, "[sweep] done alpha (30s)")
+    p.start("gamma")
+    clock.t += 10
+    p.refresh()
+    p.finish("beta", False, "[sweep] FAILED beta (40s): RuntimeError: boom")
+    p.close()
+    p.close()  # twice, as the sweep's interrupt path does: harmless
+    text = buf.getvalue()
+    assert "1 skipped (already recorded: resumed)" in text
+    assert "\r" in text or "\x1b[" in text  # redrawn in place
+    assert "1/3" in text and "2/3" in text and "1 failed" in text and "runs/min" in text
+    assert "ETA " in text and "running: gamma" in text
+    # a failure is printed above the status line, a success only moves the bar
+    assert "[sweep] FAILED beta (40s): RuntimeError: boom\n" in text and "done alpha" not in text
 
 
 def test_summary_table(tmp_path):
@@ -400,12 +503,43 @@ def test_summary_table(tmp_path):
     assert len(text.splitlines()) < 40
 
 
-# --------------------------------------------------------------------------- dry runs, list, report hook
+def test_summary_table_groups_never_pool_models_or_layouts(tmp_path):
+    """Past max_rows the table has a row per model x layout x method x optimizer: medians are
+    taken over the runs of one such group only."""
+    from types import SimpleNamespace
+
+    def run(name, model, dp, tp, it_ms, method="canzona", width_div=16):
+        cfg = load_config([f"method={method}", f"model.name={model}", f"model.width_div={width_div}",
+                           "model.num_layers=2", f"parallel.dp={dp}", f"parallel.tp={tp}"])
+        (tmp_path / name).mkdir()
+        bk.write_status(tmp_path / name, "done")
+        (tmp_path / name / "summary.json").write_text(
+            json.dumps({"iteration_ms_median": it_ms, "optimizer_step_ms_median": it_ms / 10})
+        )
+        return SimpleNamespace(id=name, cfg=cfg)
+
+    runs = [
+        run("a1", "qwen3-0.6b", 2, 1, 10.0),
+        run("a2", "qwen3-0.6b", 2, 1, 14.0),  # a repeat of a1's group: pooled with it
+        run("b1", "qwen3-1.7b", 2, 1, 900.0),
+        run("c1", "qwen3-0.6b", 1, 2, 50.0),
+        run("d1", "qwen3-0.6b", 2, 1, 70.0, method="sync"),
+    ]
+    text = summary_table(tmp_path, runs, max_rows=3)
+    rows = {tuple(line.split()[:4]): line.split()[4:] for line in text.splitlines()[4:]}
+    assert rows[("qwen3-0.6b/w16l2", "dp2tp1", "canzona", "muon")] == ["2", "2", "0", "12.0", "1.2"]
+    assert rows[("qwen3-1.7b/w16l2", "dp2tp1", "canzona", "muon")] == ["1", "1", "0", "900.0", "90.0"]
+    assert rows[("qwen3-0.6b/w16l2", "dp1tp2", "canzona", "muon")] == ["1", "1", "0", "50.0", "5.0"]
+    assert rows[("qwen3-0.6b/w16l2", "dp2tp1", "sync", "muon")] == ["1", "1", "0", "70.0", "7.0"]
+    assert len(rows) == 4 and "model x layout x method x optimizer" in text
+
+
+# --------------------------------------------------------------------------- list=true, the list verb, report hook
 def test_local_dry_run_writes_nothing(tmp_path, capsys):
     results = tmp_path / "results"
-    assert main(["sweep=qwen3_scaling", "dry_run=true", f"results={results}"]) == 0
+    assert main(["sweep=qwen3_scaling", "list=true", f"results={results}"]) == 0
     out = capsys.readouterr().out
-    assert "nothing was written" in out and "0.6b-canzona-muon-dp2tp1-" in out
+    assert "nothing was run or written" in out and "0.6b-canzona-muon-dp2tp1-" in out
     assert not results.exists()
 
 
@@ -415,7 +549,7 @@ def test_slurm_dry_run_writes_only_sbatch_scripts(tmp_path, capsys):
         [
             "sweep=qwen3_scaling",
             "profile=paper",
-            "dry_run=true",
+            "list=true",
             f"results={results}",
             "slurm.partition=gpu",
             "slurm.account=proj",
@@ -532,7 +666,7 @@ def test_repeats_setting_is_checked_and_ignored_by_projections(tmp_path):
 
 
 def test_dry_run_lists_every_run(tmp_path, capsys):
-    assert main(["sweep=smoke", "repeats=2", "dry_run=true", f"results={tmp_path / 'r'}"]) == 0
+    assert main(["sweep=smoke", "repeats=2", "list=true", f"results={tmp_path / 'r'}"]) == 0
     out = capsys.readouterr().out
     assert "2 trials x 2 repeats = 4 runs, 4 to run" in out and out.count("-r2 ") == 2
     assert not (tmp_path / "r").exists()
