@@ -3,6 +3,7 @@ the sweeps, ``--help`` for the keys). The work is done by `canzona.sweep.cli`.""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -13,4 +14,5 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
 from canzona.sweep.cli import main  # noqa: E402
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `... list | head` ends quietly, as other Unix tools do
     sys.exit(main())

@@ -89,15 +89,15 @@ def list_sweeps(out: TextIO, configs_dir: Path = CONFIGS_DIR) -> int:
             try:
                 plan = build_plan(items + ["list=true"], configs_dir)
                 reps = f" x {plan.repeats} repeats" if plan.repeats > 1 else ""
-                info = (
-                    f"{len(plan.trials)} trials{reps}, cluster={plan.settings.cluster}, "
-                    f"axes: {', '.join(plan.axes)}"
+                values = {a: list(dict.fromkeys(t.axes[a] for t in plan.trials if a in t.axes)) for a in plan.axes}
+                info = f"{len(plan.trials)} trials{reps}, cluster={plan.settings.cluster}, axes:" + "".join(
+                    f"\n      {a}={','.join(v)}" for a, v in values.items()
                 )
             except ConfigError as e:
                 info = f"invalid: {e}"
             default = " (default)" if prof is not None and prof == sf.default_profile else ""
             desc = (sf.raw["profiles"][prof].get("description") or "") if prof else ""
-            print(f"  profile={prof}{default}: {info}" + (f"\n      {desc}" if desc else ""), file=out)
+            print(f"  profile={prof}{default}: {info}" + (f"\n    {desc}" if desc else ""), file=out)
     return 0
 
 

@@ -590,6 +590,10 @@ def test_list(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "qwen3_scaling:" in out and "profile=local (default)" in out and "profile=paper" in out
+    # every axis with the values its trials take, per profile
+    local = out.split("profile=local (default)", 1)[1].split("profile=paper", 1)[0]
+    assert "      method.name=canzona,sync,layerwise,adamw\n" in local and "      size=0.6b,8b\n" in local
+    assert "      layout=dp2tp1,dp2tp2\n" in local
 
 
 def test_report_hook(tmp_path, capsys, monkeypatch):
