@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from browser_util import CHROMIUM, IN_CI, need_chromium, open_report
 
 pytestmark = pytest.mark.slow
 
@@ -106,6 +107,17 @@ def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
             assert min(e["start_ms"] for e in mine) >= 0 and end <= s["optimizer_step_ms"] + 1e-6
             assert end >= 0.5 * s["optimizer_step_ms"], (t.trial_id, rank, end, s["optimizer_step_ms"])
             assert not {e.get("phase") for e in mine} & {"forward", "backward", "grad_reduce", "param_sync"}
+
+    # the same report in headless Chromium at 1400 px: the provenance box holds the sweep's
+    # manifest, the headline opens with a verdict, the Gantt is drawn, no table scrolls sideways
+    if CHROMIUM is not None or IN_CI:
+        need_chromium()
+        info = open_report(report, tmp_path / "real.png")
+        assert info["errors"] == [] and info["sweepConfig"], info
+        assert any(v.startswith("canzona's optimizer step against sync") for v in info["verdicts"]), info["verdicts"]
+        assert "fig-gantt" in {i["id"] for i in info["imgs"]}
+        assert all(i["complete"] and i["w"] > 0 for i in info["imgs"]), info["imgs"]
+        assert all(t["width"] <= t["box"] for t in info["tables"]), info["tables"]
 
     # resumed: one run removed, the same command again runs it alone; the report says that its
     # runs come from two invocations (each run's status.json records the invocation that ran it)
