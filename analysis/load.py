@@ -43,11 +43,9 @@ import yaml
 
 from canzona.errors import ConfigError
 from canzona.layout import RankLayout
-from canzona.records import STEP_FIELDS
+from canzona.records import CONFIG_FILE, STATUS_FILE, STEP_FIELDS, STEPS_FILE, SUMMARY_FILE
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
-RECORD_FILES = ("config.yaml", "status.json", "summary.json", "steps.jsonl")
-STATUSES = ("done", "failed", "running", "incomplete", "unknown")
 
 
 @dataclass
@@ -84,10 +82,6 @@ class TrialRecords:
         r = self.status.get("repeat")
         return int(r) if isinstance(r, int) and r >= 1 else 1
 
-    @property
-    def has_trace(self) -> bool:
-        return (self.path / "trace.json").is_file()
-
 
 @dataclass
 class Sweep:
@@ -108,7 +102,7 @@ class Sweep:
 
 
 def is_trial_dir(p: Path) -> bool:
-    return p.is_dir() and ((p / "config.yaml").is_file() or (p / "status.json").is_file())
+    return p.is_dir() and ((p / CONFIG_FILE).is_file() or (p / STATUS_FILE).is_file())
 
 
 def _read(path: Path, kind: str, trial: TrialRecords) -> Any:
@@ -137,13 +131,13 @@ def _read(path: Path, kind: str, trial: TrialRecords) -> Any:
 
 def load_trial(path: Path) -> TrialRecords:
     t = TrialRecords(trial_id=path.name, path=path)
-    t.config = _read(path / "config.yaml", "yaml", t) or {}
-    t.status = _read(path / "status.json", "json", t) or {}
-    t.summary = _read(path / "summary.json", "json", t) or {}
-    t.steps = _read(path / "steps.jsonl", "jsonl", t) or []
+    t.config = _read(path / CONFIG_FILE, "yaml", t) or {}
+    t.status = _read(path / STATUS_FILE, "json", t) or {}
+    t.summary = _read(path / SUMMARY_FILE, "json", t) or {}
+    t.steps = _read(path / STEPS_FILE, "jsonl", t) or []
     if not t.config and isinstance(t.summary.get("config"), dict):
         t.config = t.summary["config"]
-    for obj, name in ((t.config, "config.yaml"), (t.status, "status.json"), (t.summary, "summary.json")):
+    for obj, name in ((t.config, CONFIG_FILE), (t.status, STATUS_FILE), (t.summary, SUMMARY_FILE)):
         if not isinstance(obj, dict):
             t.problems.append(f"{name}: not a mapping (ignored)")
     t.config = t.config if isinstance(t.config, dict) else {}

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from analysis.load import TrialRecords
-from canzona.records import atomic_write_text
+from canzona.records import TRACE_FILE, atomic_write_text
+from canzona.trial.trace import chrome_trace, valid_event
 
 ITERATION_SIDE = ("forward", "backward", "grad_reduce", "param_sync")
-LANES = {"model": "compute", "compute": "compute", "wait": "compute", "comm": "comm"}
 
 
 def _base(name: str) -> str:
@@ -31,11 +31,6 @@ def is_optimizer_event(ev: dict[str, Any]) -> bool:
     """For records without a step window: not the iteration around the step."""
     kind = ev.get("phase") or _base(ev.get("name", ""))
     return ev.get("cat") != "model" and kind not in ITERATION_SIDE
-
-
-def _valid(ev: Any) -> bool:
-    return (isinstance(ev, dict) and isinstance(ev.get("start_ms"), (int, float))
-            and isinstance(ev.get("dur_ms"), (int, float)) and not math.isnan(ev["start_ms"]))
 
 
 def representative_step(trial: TrialRecords) -> int | None:
@@ -63,7 +58,7 @@ def step_events(trial: TrialRecords, step: int, optimizer_only: bool = True) -> 
         if s.get("step") != step:
             continue
         evs = [{**ev, "rank": s.get("rank"), "dp_rank": s.get("dp_rank"), "tp_rank": s.get("tp_rank")}
-               for ev in s.get("events") or [] if _valid(ev)]
+               for ev in s.get("events") or [] if valid_event(ev)]
         rows.extend(evs)
         start, length = s.get("step_start_ms"), s.get("optimizer_step_ms")
         if optimizer_only and isinstance(start, (int, float)) and isinstance(length, (int, float)):
@@ -89,92 +84,16 @@ def _in_window(events: list[dict[str, Any]], start: float, length: float) -> lis
     return out
 
 
-def _tracks(events: list[dict[str, Any]]) -> list[int]:
-    """Greedy interval partitioning: index of a sub-track per event so none overlap in a track."""
-    order = sorted(range(len(events)), key=lambda i: (events[i]["start_ms"], -events[i]["dur_ms"]))
-    ends: list[float] = []
-    out = [0] * len(events)
-    for i in order:
-        s, e = events[i]["start_ms"], events[i]["start_ms"] + events[i]["dur_ms"]
-        for k, end in enumerate(ends):
-            if end <= s + 1e-9:
-                ends[k] = e
-                out[i] = k
-                break
-        else:
-            ends.append(e)
-            out[i] = len(ends) - 1
-    return out
-
-
-def chrome_trace(trial: TrialRecords) -> dict[str, Any] | None:
-    """A Chrome-trace (Perfetto) document of the trial's measured steps: one process per rank,
-    a ``step`` thread with one span per step, a ``compute`` thread (model/compute/wait) and
-    ``comm`` threads (overlapping collectives get extra threads). Step starts are the
-    cumulative max-over-ranks iteration_ms of the preceding measured steps (steps are
-    synchronous), unless a step record carries its own ``start_ms``."""
-    measured = [s for s in trial.steps if s.get("measured")]
-    if not any(s.get("events") for s in measured):
-        return None
-    by_step: dict[int, list[dict[str, Any]]] = {}
-    for s in measured:
-        by_step.setdefault(s["step"], []).append(s)
-    offsets: dict[int, float] = {}
-    t = 0.0
-    for step in sorted(by_step):
-        own = [r.get("start_ms") for r in by_step[step] if isinstance(r.get("start_ms"), (int, float))]
-        offsets[step] = float(min(own)) if own else t
-        its = [r.get("iteration_ms") for r in by_step[step] if isinstance(r.get("iteration_ms"), (int, float))]
-        t = offsets[step] + (max(its) if its else 0.0)
-    trace: list[dict[str, Any]] = []
-    ranks: dict[int, dict[str, Any]] = {}
-    per_rank_lane: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for step in sorted(by_step):
-        for r in by_step[step]:
-            rank = int(r.get("rank", 0))
-            ranks.setdefault(rank, r)
-            if isinstance(r.get("iteration_ms"), (int, float)):
-                trace.append({"name": f"step {step}", "cat": "step", "ph": "X", "pid": rank, "tid": 0,
-                              "ts": offsets[step] * 1e3, "dur": float(r["iteration_ms"]) * 1e3,
-                              "args": {k: r.get(k) for k in r if k.endswith("_ms") or k in ("step", "loss")}})
-            for ev in r.get("events") or []:
-                if not _valid(ev):
-                    continue
-                lane = LANES.get(ev.get("cat"), "compute")
-                per_rank_lane.setdefault((rank, lane), []).append(
-                    {"name": str(ev.get("name")), "cat": str(ev.get("cat")), "step": step,
-                     "start_ms": offsets[step] + float(ev["start_ms"]), "dur_ms": max(0.0, float(ev["dur_ms"]))})
-    thread_names: dict[tuple[int, int], str] = {}
-    for (rank, lane), evs in sorted(per_rank_lane.items()):
-        base_tid = 1 if lane == "compute" else 100
-        for ev, k in zip(evs, _tracks(evs)):
-            tid = base_tid + k
-            thread_names[(rank, tid)] = lane if k == 0 else f"{lane} {k + 1}"
-            trace.append({"name": ev["name"], "cat": ev["cat"], "ph": "X", "pid": rank, "tid": tid,
-                          "ts": ev["start_ms"] * 1e3, "dur": ev["dur_ms"] * 1e3, "args": {"step": ev["step"]}})
-    meta: list[dict[str, Any]] = []
-    for rank, r in sorted(ranks.items()):
-        meta.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
-                     "args": {"name": f"rank {rank} (dp {r.get('dp_rank')}, tp {r.get('tp_rank')})"}})
-        meta.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-        meta.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": "step"}})
-    for (rank, tid), name in sorted(thread_names.items()):
-        meta.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": name}})
-        meta.append({"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": tid, "args": {"sort_index": tid}})
-    return {"traceEvents": meta + trace, "displayTimeUnit": "ms",
-            "otherData": {"trial_id": trial.trial_id, "method": trial.config.get("method"),
-                          "source": "steps.jsonl events (measured steps)"}}
-
-
 def write_trace(trial: TrialRecords, dest: Path) -> bool:
-    """Copy the trial's own trace.json to `dest`, else build one from its events. False if
-    there is nothing to trace."""
-    own = trial.path / "trace.json"
+    """Copy the trial's own trace.json to `dest`, else build one from its events as the trial
+    runner does (`canzona.trial.trace.chrome_trace`). False if there is nothing to trace."""
+    own = trial.path / TRACE_FILE
     if own.is_file():
         atomic_write_text(dest, own.read_text())
         return True
-    doc = chrome_trace(trial)
-    if doc is None:
+    if not any(s.get("events") for s in trial.steps if s.get("measured")):
         return False
+    doc = chrome_trace(trial.steps, {"trial_id": trial.trial_id, "method": trial.config.get("method"),
+                                     "source": "steps.jsonl events (measured steps)"})
     atomic_write_text(dest, json.dumps(doc, separators=(",", ":")))
     return True

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
+from canzona.devices import device_here, threads_per_rank
 from canzona.errors import ConfigError
 from canzona.inventory import ParamSpec
 from canzona.optim import registry
@@ -235,23 +236,12 @@ def select_cost_model(cfg: Any, device: str, *, profile: Any = None, threads: in
                            calibration=calibration, device_profile=profile or cfg.canzona.cost_profile)
 
 
-def device_here(device: str) -> bool:
-    """Can this machine time a ``device`` (cpu | cuda)?"""
-    if device == "cpu":
-        return True
-    import torch
-
-    return device == "cuda" and torch.cuda.is_available()
-
-
 def _calibration(cfg: Any, device: str, optimizer: str, threads: int | None, log: Any) -> Calibration:
-    import os
-
     from canzona.calibrate.cache import Need, ensure
     from canzona.inventory import build_inventory
 
     if threads is None:
-        threads = cfg.dist.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.world_size)
+        threads = threads_per_rank(cfg)
     d = registry.get(optimizer)
     needs = []
     if d.matrix:

@@ -1,7 +1,12 @@
-"""Which device and dtype a trial runs with (no torch import unless a question needs it)."""
+"""Which device, dtype and threads a trial runs with (no torch import unless a question needs it).
+
+The one place that resolves ``dist.device`` / a calibration's ``device`` (auto | cpu | cuda)
+against what this machine has, and ``dist.threads_per_rank``.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -27,12 +32,48 @@ def resolve_dtype(requested: str, device_kind: str, cpu_bf16: bool | None = None
     return "float32", "train.dtype=auto on a CPU without native bf16: fp32 (emulated bf16 would distort the ratios)"
 
 
-
-def trial_device(cfg: Any) -> str:
-    """The device kind a trial of ``cfg`` runs on here: ``dist.device``, or for auto CUDA when
-    a GPU is visible."""
-    if cfg.dist.device != "auto":
-        return cfg.dist.device
+def cuda_visible() -> bool:
+    """Is a CUDA device visible to this process?"""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.cuda.is_available()
+
+
+def device_here(kind: str) -> bool:
+    """Can this machine run (and time) a ``kind`` device (cpu | cuda)? A CPU always; CUDA when
+    a GPU is visible."""
+    return kind == "cpu" or (kind == "cuda" and cuda_visible())
+
+
+def resolve_device(requested: str, *, required: bool = False, key: str = "dist.device") -> str:
+    """The device kind (cpu | cuda) that ``requested`` (auto | cpu | cuda, the setting ``key``)
+    means here: auto is cuda when a GPU is visible, else cpu.
+
+    ``required``: the device must be on this machine (a trial's ranks, a calibration), so cuda
+    without a visible GPU is a `ConfigError`; a plan may be made for a cuda device this machine
+    does not have (from a laptop, for a cluster), so planning does not require it.
+    """
+    if requested == "auto":
+        return "cuda" if cuda_visible() else "cpu"
+    if required and requested == "cuda" and not cuda_visible():
+        from canzona.errors import ConfigError
+
+        raise ConfigError(f"{key}=cuda but no CUDA device is visible; use {key}=cpu or auto")
+    return requested
+
+
+def trial_device(cfg: Any, *, required: bool = False) -> str:
+    """The device kind a trial of ``cfg`` runs on here: ``dist.device`` resolved
+    (`resolve_device`; ``required`` when the trial's ranks run in this process)."""
+    return resolve_device(cfg.dist.device, required=required)
+
+
+def threads_per_rank(cfg: Any, ranks: int | None = None, cores: int | None = None) -> int:
+    """The torch threads each rank of a trial of ``cfg`` runs with: ``dist.threads_per_rank``,
+    else the ``cores`` (default: this machine's) shared among ``ranks`` (default: the trial's
+    world size; a rank passes the ranks on its host), at least one."""
+    if cfg.dist.threads_per_rank:
+        return cfg.dist.threads_per_rank
+    if cores is None:
+        cores = os.cpu_count() or 1
+    return max(1, int(cores) // max(1, cfg.world_size if ranks is None else ranks))

@@ -94,10 +94,6 @@ def declare_device(device: torch.device | str | None) -> None:
     _declared = None if device is None else torch.device(device)
 
 
-def declared_device() -> torch.device | None:
-    return _declared
-
-
 def installed() -> bool:
     return bool(_originals)
 
@@ -183,7 +179,7 @@ def check_call(name: str, arguments: Mapping[str, Any]) -> None:
                 f"this group has backends for {', '.join(sorted(devices)) or 'no device'} only"
             )
         return
-    device = trial_device()
+    device = collective_device()
     for label, tensor in _tensors(arguments):
         if tensor.device != device:
             raise NcclRuleError(
@@ -195,10 +191,14 @@ def check_call(name: str, arguments: Mapping[str, Any]) -> None:
             raise NcclRuleError(f"{where}: {label} has dtype {tensor.dtype}, which NCCL has no type for")
 
 
-def trial_device() -> torch.device:
-    """The declared device; undeclared, the default group's: CUDA when it has an NCCL half."""
-    if _declared is not None:
-        return _declared
+def collective_device() -> torch.device:
+    """The device this rank's collectives must use: the declared one, else the default group's."""
+    return _declared if _declared is not None else default_group_device()
+
+
+def default_group_device() -> torch.device:
+    """The device of the default group's tensor collectives: this process's current CUDA device
+    when the group has an NCCL half, else the CPU (also before any group is up)."""
     if dist.is_initialized() and "nccl" in dist.get_backend_config():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

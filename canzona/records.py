@@ -14,9 +14,12 @@ A trial folder (``results/<sweep>/<trial_id>/`` in a sweep, ``out=DIR`` for one 
   ``job_id``, ``started``, ``ended``, ``cluster``, ``host``, ``wall_s``, ``trial_id``, ``repeat``,
   ``repeats`` (field by field: `canzona.sweep.bookkeeping`).
 - ``stdout.txt`` / ``stderr.txt`` tails written by the sweep launcher.
-- ``trace.json``   a Chrome-trace (Perfetto) file of the measured steps, one process per rank.
+- ``trace.json``   a Chrome-trace (Perfetto) file of the measured steps, one process per rank
+  (`canzona.trial.trace`).
 
-Every file is written atomically (temp file + rename) so a crash never leaves half a record.
+The file names are the ``*_FILE`` constants below; `write_records` writes a trial's records
+(the trial runner's and the simulator's). Every file is written atomically (temp file + rename)
+so a crash never leaves half a record.
 """
 
 from __future__ import annotations
@@ -77,8 +80,16 @@ CATEGORY = {
     "wait": "wait",
 }
 
+# The files of a trial folder (see the module docstring); every reader and writer names them here.
+CONFIG_FILE = "config.yaml"
+STEPS_FILE = "steps.jsonl"
+TRACE_FILE = "trace.json"
+SUMMARY_FILE = "summary.json"
+STATUS_FILE = "status.json"  # the sweep launcher's (`canzona.sweep.bookkeeping`)
+DRYRUN_JSON, DRYRUN_TEXT = "dryrun.json", "dryrun.txt"  # a dry run's report (`canzona.trial.dryrun.report`)
+
 # What a trial writes into its ``out`` folder (a trial's records, and a dry run's report).
-RECORD_FILES = ("config.yaml", "steps.jsonl", "trace.json", "summary.json", "dryrun.json", "dryrun.txt")
+RECORD_FILES = (CONFIG_FILE, STEPS_FILE, TRACE_FILE, SUMMARY_FILE, DRYRUN_JSON, DRYRUN_TEXT)
 
 
 def writable_folder(path: str | os.PathLike, key: str) -> Path:
@@ -130,6 +141,33 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then rename (never half a file)."""
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def write_records(out: str | os.PathLike[str], config: dict[str, Any], rows: list[dict[str, Any]],
+                  summary: dict[str, Any], trace: dict[str, Any] | None = None) -> None:
+    """A trial's records in ``out``: config.yaml (``config``, the resolved config as a dict),
+    steps.jsonl (``rows``), trace.json (``trace``, when given) and summary.json last, so that its
+    presence means the trial finished (measured by the trial runner or projected by the simulator)."""
+    import yaml
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False))
+    atomic_write_text(out / STEPS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    if trace is not None:
+        atomic_write_json(out / TRACE_FILE, trace)
+    atomic_write_json(out / SUMMARY_FILE, summary)
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from canzona.config import parse_cli
 from canzona.errors import ConfigError
-from canzona.records import RECORD_FILES, writable_folder
+from canzona.records import RECORD_FILES, SUMMARY_FILE, writable_folder
 
 __all__ = ["main"]
 _LAUNCH = ("launched_externally", "run_rank_from_env", "run_trial")
@@ -80,9 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run_rank_from_env(cfg, out) if launched_externally() else run_trial(cfg, out)
     except KeyboardInterrupt:
-        stale = (out / "summary.json").is_file() and (out / "summary.json").stat().st_mtime < started
+        summary_file = out / SUMMARY_FILE
+        stale = summary_file.is_file() and summary_file.stat().st_mtime < started
         print("interrupted: the trial's ranks were stopped; this run wrote no records"
-              + (f" ({out / 'summary.json'} is an earlier run's)" if stale else ""), file=sys.stderr)
+              + (f" ({summary_file} is an earlier run's)" if stale else ""), file=sys.stderr)
         return 130
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -16,22 +16,11 @@ from canzona.calibrate.compute import measure_compute
 from canzona.calibrate.fit import fit_link, fit_pass
 from canzona.calibrate.settings import Options
 from canzona.calibrate.workers import run_workers
-from canzona.errors import ConfigError
+from canzona.devices import resolve_device
 from canzona.sim.profile import COLLECTIVES, SPECS, spec_profile
 
 # Links written when collectives are neither measured nor taken from a spec (collectives=false on CPU).
 PLACEHOLDER_LINK = {"latency_s": 1e-4, "step_latency_s": 1e-4, "bandwidth_Bps": 1e9}
-
-
-def resolve_device(opts: Options) -> tuple[str, int]:
-    """(``cpu`` | ``cuda``, CUDA devices visible) for ``opts.device`` (auto: cuda when visible)."""
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    kind = ("cuda" if gpus else "cpu") if opts.device == "auto" else opts.device
-    if kind == "cuda" and not gpus:
-        raise ConfigError("device=cuda but no CUDA device is visible; use device=cpu or auto")
-    return kind, gpus
 
 
 def processes(opts: Options, kind: str, gpus: int) -> int:
@@ -67,7 +56,8 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
     def stamp(what: str) -> None:
         log(f"  [{time.perf_counter() - started:5.1f} s] {what}")
 
-    kind, gpus = resolve_device(opts)
+    kind = resolve_device(opts.device, required=True, key="device")  # the device timed must be here
+    gpus = torch.cuda.device_count() if kind == "cuda" else 0  # read on CUDA only
     world = processes(opts, kind, gpus)
     backend = "nccl" if kind == "cuda" else "gloo"
     log(f"calibrating {kind}{f' ({gpus} GPU(s) visible)' if kind == 'cuda' else ''} with {opts.threads} "

@@ -274,7 +274,7 @@ def _measure(kind: str, threads: int, ident: Identity, data: dict[str, Any] | No
     import torch
 
     from canzona.calibrate.clock import Clock
-    from canzona.calibrate.kernels import CAP_S, Job, matmul_rates, time_elementwise, time_updates
+    from canzona.calibrate.kernels import CAP_S, Job, matmul_rates, time_elementwise, time_kernel_updates
     from canzona.optim.section import OptimizerSection
 
     before = torch.get_num_threads()
@@ -289,7 +289,7 @@ def _measure(kind: str, threads: int, ident: Identity, data: dict[str, Any] | No
                     "rates": matmul_rates(clock), "elementwise": time_elementwise(clock, OptimizerSection()),
                     "updates": {}}
         jobs = [Job(key, o, s, shape) for key, o, s, shape in missing]
-        for key, table in time_updates(clock, jobs, data["rates"], CAP_S.get(kind, CAP_S["cpu"])).items():
+        for key, table in time_kernel_updates(clock, jobs, data["rates"], CAP_S.get(kind, CAP_S["cpu"])).items():
             data["updates"].setdefault(key, {}).update(table)
         data["updated"] = now
         return data

@@ -73,13 +73,15 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, float
     return out
 
 
-def time_updates(optimizers: tuple[str, ...] | list[str], shapes: list[tuple[int, int]], budget_s: float,
-                 quick: bool, freq: int, flops_rate: float, clock: Clock, required: int = 0,
-                 sync: Sync = solo) -> dict[str, Any]:
-    """Per optimizer and shape: steady slope / overhead (batch 1 and 4) and refresh seconds; the
-    first ``required`` shapes are timed even past the budget. ``sync(go) -> go`` agrees on every
-    go / skip decision across the calibrating processes (and lines them up), so they time the
-    same shapes at the same moments, as a trial's ranks run their steps."""
+def time_update_tables(optimizers: tuple[str, ...] | list[str], shapes: list[tuple[int, int]], budget_s: float,
+                       quick: bool, freq: int, flops_rate: float, clock: Clock, required: int = 0,
+                       sync: Sync = solo) -> dict[str, Any]:
+    """A device profile's optimizer tables (``batched``, ``updates``, ``update_overhead_s``,
+    ``eigh_flops_per_s``): per optimizer and shape, steady slope / overhead (batch 1 and 4) and
+    refresh seconds; the first ``required`` shapes are timed even past the budget.
+    ``sync(go) -> go`` agrees on every go / skip decision across the calibrating processes (and
+    lines them up), so they time the same shapes at the same moments, as a trial's ranks run
+    their steps. (The calibration cache's per-kernel table is `canzona.calibrate.kernels.time_kernel_updates`'s.)"""
     import torch
 
     from canzona.optim.registry import make_rule
@@ -179,6 +181,6 @@ def measure_compute(opts: Options, device: Any, sync: Sync = solo) -> dict[str, 
     torch.set_num_threads(opts.threads)
     clock = Clock(device)
     basics = time_basics(opts.quick, clock, sync)
-    upd = time_updates(opts.optimizers, calibration_shapes(opts.width_divs), opts.budget_s, opts.quick,
-                       opts.precondition_frequency, basics["matmul_float32"], clock, len(local_sweep_shapes()), sync)
+    upd = time_update_tables(opts.optimizers, calibration_shapes(opts.width_divs), opts.budget_s, opts.quick,
+                             opts.precondition_frequency, basics["matmul_float32"], clock, len(local_sweep_shapes()), sync)
     return {"basics": basics, "updates": upd}

@@ -107,11 +107,13 @@ def probe_shape(flops: Callable[[Shape], float], shape: Shape, seconds_per_flop:
     return (math.ceil(m / k), math.ceil(n / k))
 
 
-def time_updates(clock: Clock, jobs: list[Job], rates: dict[str, float], cap_s: float) -> dict[str, dict[str, dict]]:
+def time_kernel_updates(clock: Clock, jobs: list[Job], rates: dict[str, float],
+                        cap_s: float) -> dict[str, dict[str, dict]]:
     """``{settings key: {"MxN": entry}}`` with entry ``{step_s, refresh_s?, probe?,
     refresh_probe?}``: seconds of one update on a step without a refresh, the extra seconds of
     a refresh step (optimizers with refreshes), and the shapes actually timed when they were
-    scaled down."""
+    scaled down. The calibration cache's table (what ``canzona.cost=measured`` plans with);
+    a device profile's tables are timed by `canzona.calibrate.compute.time_update_tables`."""
     steady: list[tuple[Job, Shape, Callable[[], Any]]] = []
     refresh: list[tuple[Job, Shape, Callable[[], Any], Callable[[], Any]]] = []
     for job in jobs:

@@ -3,7 +3,7 @@
 The same code runs on CPU/gloo and CUDA/NCCL. ``init_parallel`` reads the launch from the
 environment (`canzona.trial.env.launch_env`: torchrun's / submitit's variables, or Slurm's own
 under a plain ``srun``) when the default process group is not up yet, then lays out Megatron's
-groups (TP ranks contiguous: global rank = dp_rank * tp + tp_rank).
+groups (TP ranks contiguous: global rank = dp_rank * tp + tp_rank, `canzona.layout.RankLayout`).
 
 Backends map devices: on CUDA the default group is ``cpu:gloo,cuda:nccl``, so CUDA tensors go
 over NCCL while the object collectives (``all_gather_object`` of the step records) and any CPU
@@ -114,10 +114,8 @@ def init_parallel(
 
 def current_context() -> ParallelContext:
     """The context of an already initialised process (see ``init_parallel``)."""
-    device = _device
-    if device is None:  # groups set up without init_parallel: CUDA when the world has an NCCL half
-        nccl = "nccl" in dist.get_backend()
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    # groups set up without init_parallel: CUDA when the world has an NCCL half
+    device = _device if _device is not None else dist_rules.default_group_device()
     return ParallelContext(
         rank=dist.get_rank(),
         world=dist.get_world_size(),

@@ -50,10 +50,6 @@ class BufferLayout:
     dp: int
     tp: int
 
-    def slot_of(self) -> dict[int, tuple[int, ParamSlot]]:
-        """inventory index -> (bucket index, slot)."""
-        return {s.index: (b.index, s) for b in self.buckets for s in b.params}
-
 
 def _pad(n: int, divisor: int) -> int:
     return -(-n // divisor) * divisor

@@ -42,7 +42,7 @@ class CriticalPath:
 
 def lower_bound(plan: Plan) -> float:
     """max(1, largest indivisible item ÷ (work counted once ÷ ranks))."""
-    ideal = sum(plan.cost.values()) / (plan.dp * plan.tp)
+    ideal = sum(plan.cost.values()) / plan.rank_layout.world
     largest = max(
         (
             plan.cost[i] if plan.uses_matrix_rule(i) else plan.cost[i] / plan.tp
@@ -70,6 +70,6 @@ def critical_path(plan: Plan, rank_compute: np.ndarray) -> CriticalPath:
             path += float(loads.max())
         # rounding can leave -1e-12 where a rank computes nothing outside groups
         per_dp[d] = path + max(0.0, float(outside.max()))
-    ideal = sum(plan.cost.values()) / (dp * tp)
+    ideal = sum(plan.cost.values()) / plan.rank_layout.world
     return CriticalPath(per_dp=per_dp, imbalance=float(per_dp.max() / ideal) if ideal > 0 else 1.0,
                         lower_bound=lower_bound(plan))

@@ -26,7 +26,3 @@ def owner_loads(plan) -> np.ndarray:
         else:
             loads[d, :] += plan.cost[i] / (plan.tp if spec.tp_dim is not None else 1)
     return loads
-
-
-def compute_imbalance(plan) -> float:
-    return float(owner_loads(plan).max() / (sum(plan.cost.values()) / (plan.dp * plan.tp)))

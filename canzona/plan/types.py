@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from canzona.inventory import ParamSpec
+from canzona.layout import RankLayout
 from canzona.plan.buckets import BufferLayout
 from canzona.plan.tp import MicroGroup
 
@@ -47,7 +48,7 @@ class Execution:
 
 
 class _Sized:
-    """DP and TP sizes of anything holding a buffer ``layout``."""
+    """DP and TP sizes (and the rank grid) of anything holding a buffer ``layout``."""
 
     layout: BufferLayout
 
@@ -58,6 +59,11 @@ class _Sized:
     @property
     def tp(self) -> int:
         return self.layout.tp
+
+    @property
+    def rank_layout(self) -> RankLayout:
+        """Where each global rank sits (`canzona.layout`)."""
+        return RankLayout(self.layout.dp, self.layout.tp)
 
 
 @dataclass(frozen=True)

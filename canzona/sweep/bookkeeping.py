@@ -30,10 +30,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from canzona.records import atomic_write_json, atomic_write_text
+from canzona.records import STATUS_FILE, SUMMARY_FILE, atomic_write_json, atomic_write_text
 
-STATUS = "status.json"
-SUMMARY = "summary.json"
+STATUS, SUMMARY = STATUS_FILE, SUMMARY_FILE  # the records' names (`canzona.records`), as bk.STATUS / bk.SUMMARY
 TAIL_LINES = 200
 TAIL_BYTES = 64_000
 

@@ -4,8 +4,9 @@
 - `launch`   starting the trial's ranks locally, or joining an external launch as one rank;
 - `rank`     one rank: set up, run the steps, gather the rows;
 - `summary`  the trial's aggregates (summary.json);
-- `trace`    the Chrome trace of the measured steps (trace.json);
-- `output`   writing the records of `canzona.records` into the trial folder.
+- `trace`    the Chrome trace of the measured steps (trace.json).
+
+The records the trial writes, and their writer, are `canzona.records`'.
 
 Importing this package imports nothing heavy: torch and megatron-core load in the ranks.
 """

@@ -18,6 +18,7 @@ from canzona import pythonpath_with_checkout
 from canzona.config import TrialConfig, load_config
 from canzona.errors import ConfigError
 from canzona.net import free_port
+from canzona.records import SUMMARY_FILE
 from canzona.trial import lifeline
 from canzona.trial.env import LOCAL_ADDR, LaunchEnv, launch_env, launched_externally
 from canzona.trial.rank import run_rank
@@ -55,7 +56,7 @@ def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
     except KeyboardInterrupt:  # SIGINT, or SIGTERM where the command line maps it (canzona.run)
         stop_ranks(ctx.processes)
         raise
-    return json.loads((out / "summary.json").read_text())
+    return json.loads((out / SUMMARY_FILE).read_text())
 
 
 def stop_ranks(processes: list[Any], grace_s: float = 5.0) -> None:

@@ -8,25 +8,12 @@ rows on rank 0 and writes the records.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from canzona.config import TrialConfig
-from canzona.errors import ConfigError
+from canzona.devices import threads_per_rank, trial_device
 from canzona.records import PHASES
-
-
-def device_kind(cfg: TrialConfig) -> str:
-    """``dist.device`` resolved: ``auto`` is cuda when a CUDA device is visible, else cpu."""
-    import torch
-
-    want = cfg.dist.device
-    if want == "auto":
-        want = "cuda" if torch.cuda.is_available() else "cpu"
-    if want == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("dist.device=cuda but no CUDA device is visible; use dist.device=cpu or auto")
-    return want
 
 
 def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) -> dict[str, Any] | None:
@@ -42,14 +29,14 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
     from canzona.model.qwen3 import build_model, full_state_dict
     from canzona.program.count import count_programs
     from canzona.program.lower import lower
+    from canzona.records import atomic_torch_save, write_records
     from canzona.trial.costs import shared_plan
-    from canzona.trial.output import atomic_torch_save, write_records
     from canzona.trial.summary import peak_memory_mb, program_check, summarise
+    from canzona.trial.trace import chrome_trace
 
     dist_rules.install_from_env()
-    cores = os.cpu_count() or 1
-    torch.set_num_threads(cfg.dist.threads_per_rank or max(1, cores // max(1, local_world)))
-    kind = device_kind(cfg)
+    torch.set_num_threads(threads_per_rank(cfg, local_world))
+    kind = trial_device(cfg, required=True)
     ctx = init_parallel(cfg.parallel.tp, kind, cfg.dist.timeout_s)
     try:
         if plan is None:  # rank 0's plan (its calibration, its costs) on every rank
@@ -79,7 +66,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
                 owners[i] += 1
         summary = summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, owners)
         summary["program_check"] = check = program_check(programs, all_rows)
-        write_records(cfg, out, all_rows, summary)
+        write_records(out, cfg.to_dict(), all_rows, summary, trace=chrome_trace(all_rows))
         if not check["ok"]:  # the timings are not those of the method's program: fail the trial
             raise RuntimeError(f"the executor handed torch.distributed other calls than the program lists "
                                f"({len(check['mismatches'])} mismatches, first: {check['mismatches'][0]}); "
