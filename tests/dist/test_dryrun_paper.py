@@ -4,7 +4,8 @@ dry run of its first and last rank -- its code runs on fake CUDA at full size an
 (``dist.dry_run_memory_gb``, default 80 GiB) -- through the command a user runs:
 ``python sweeps/run.py sweep=qwen3_scaling profile=paper cluster=dryrun``.
 
-About 15 minutes on two cores, so it is marked ``paper``: outside the test suite of
+Long (``pytest -m paper``, this and the ablation ladder, took 27 min 52 s on two cores on
+2026-12-01), so it is marked ``paper``: outside the test suite of
 scripts/test.sh, run by CI as a step of its own (.ci/run) and by hand with ``pytest -m paper``."""
 
 from __future__ import annotations
