@@ -21,8 +21,10 @@ group member's range, in DP-rank order, and ``me`` is this rank's index among th
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 Axis = Literal["dp", "tp", "world"]
 # How the per-rank pieces of an uneven-shard DP collective travel (see `canzona.program.lower`):
@@ -36,6 +38,27 @@ IMPLS: tuple[str, ...] = ("even", "padded", "reduce_loop", "coalesced", "all_to_
 Ranges = tuple[tuple[int, int], ...]
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
+
+_T = TypeVar("_T")
+
+
+def _memo(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Remember what a method of a frozen action returns (its fields never change, so neither
+    does the value): the interpreters ask for an action's calls and sizes many times per rank.
+    Kept in the instance's ``__dict__`` (frozen dataclasses only guard ``__setattr__``), which
+    equality, hashing and ``dataclasses.replace`` ignore."""
+    key = f"_memo_{method.__name__}"
+
+    @functools.wraps(method)
+    def cached(self):
+        d = self.__dict__
+        try:
+            return d[key]
+        except KeyError:
+            value = d[key] = method(self)
+            return value
+
+    return cached
 
 
 @dataclass(frozen=True)
@@ -86,8 +109,21 @@ class Call:
         return self.out_elems * DTYPE_BYTES[self.dtype]
 
 
+# Calls are values: equal ones made once and shared (a 256-rank program set makes the same few
+# calls hundreds of thousands of times). Arguments: op, axis, in_elems, out_elems, dtype[, root,
+# coalesced, local_elems], positionally.
+_call = functools.lru_cache(maxsize=1 << 16, typed=True)(Call)
+
+
 def _widths(ranges: Ranges) -> list[int]:
     return [b - a for a, b in ranges]
+
+
+@functools.lru_cache(maxsize=4096)
+def _rooted_calls(op: str, widths: tuple[int, ...], dtype: str, coalesced: bool) -> tuple[Call, ...]:
+    """One rooted call per non-empty piece (uneven DP shards): the same on every member of the
+    group, so made once per bucket layout rather than once per rank."""
+    return tuple(_call(op, "dp", x, x, dtype, r, coalesced) for r, x in enumerate(widths) if x > 0)
 
 
 # ----------------------------------------------------------------------------- communication
@@ -108,25 +144,26 @@ class BucketReduce:
     average: bool
     phase: str
 
+    @_memo
     def calls(self) -> tuple[Call, ...]:
         n = self.end - self.start
         if self.op == "all_reduce":
-            return (Call("all_reduce", "dp", n, n, self.dtype),)
+            return (_call("all_reduce", "dp", n, n, self.dtype),)
         assert self.ranges is not None
         w = _widths(self.ranges)
         p, mine = len(w), w[self.me]
         if self.impl == "even":
-            return (Call("reduce_scatter", "dp", n, mine, self.dtype),)
+            return (_call("reduce_scatter", "dp", n, mine, self.dtype),)
         if self.impl == "padded":
-            return (Call("reduce_scatter", "dp", p * max(w), max(w), self.dtype),)
+            return (_call("reduce_scatter", "dp", p * max(w), max(w), self.dtype),)
         if self.impl in ("reduce_loop", "coalesced"):
-            co = self.impl == "coalesced"
-            return tuple(Call("reduce", "dp", x, x, self.dtype, r, co) for r, x in enumerate(w) if x > 0)
+            return _rooted_calls("reduce", tuple(w), self.dtype, self.impl == "coalesced")
         if self.impl == "all_to_all":
-            return (Call("all_to_all", "dp", sum(w), p * mine, self.dtype, local_elems=mine),)
+            return (_call("all_to_all", "dp", sum(w), p * mine, self.dtype, None, False, mine),)
         raise ValueError(f"unknown impl {self.impl!r}")
 
     @property
+    @_memo
     def pack_elems(self) -> int:
         """Elements the executor copies into a send buffer before issuing."""
         if self.op == "reduce_scatter" and self.ranges is not None and self.impl in ("padded", "all_to_all"):
@@ -134,6 +171,7 @@ class BucketReduce:
         return 0
 
     @property
+    @_memo
     def finish_elems(self) -> int:
         """Elements copied or scaled after the wait (copy-out, averaging, the a2a sum)."""
         if self.op == "all_reduce":
@@ -162,21 +200,22 @@ class BucketGather:
     dtype: str
     phase: str
 
+    @_memo
     def calls(self) -> tuple[Call, ...]:
         w = _widths(self.ranges)
         p, mine, n = len(w), w[self.me], sum(w)
         if self.impl == "even":
-            return (Call("all_gather", "dp", mine, n, self.dtype),)
+            return (_call("all_gather", "dp", mine, n, self.dtype),)
         if self.impl == "padded":
-            return (Call("all_gather", "dp", max(w), p * max(w), self.dtype),)
+            return (_call("all_gather", "dp", max(w), p * max(w), self.dtype),)
         if self.impl in ("reduce_loop", "coalesced"):
-            co = self.impl == "coalesced"
-            return tuple(Call("broadcast", "dp", x, x, self.dtype, r, co) for r, x in enumerate(w) if x > 0)
+            return _rooted_calls("broadcast", tuple(w), self.dtype, self.impl == "coalesced")
         if self.impl == "all_to_all":
-            return (Call("all_to_all", "dp", p * mine, n, self.dtype, local_elems=mine),)
+            return (_call("all_to_all", "dp", p * mine, n, self.dtype, None, False, mine),)
         raise ValueError(f"unknown impl {self.impl!r}")
 
     @property
+    @_memo
     def pack_elems(self) -> int:
         w = _widths(self.ranges)
         if self.impl == "padded":
@@ -186,6 +225,7 @@ class BucketGather:
         return 0
 
     @property
+    @_memo
     def finish_elems(self) -> int:
         w = _widths(self.ranges)
         return 0 if self.impl in ("reduce_loop", "coalesced") else sum(w) - w[self.me]
@@ -203,15 +243,18 @@ class OwnedParamsGather:
     dtype: str
     phase: str
 
+    @_memo
     def calls(self) -> tuple[Call, ...]:
         widest = max(self.sizes)
-        return (Call("all_gather", "dp", widest, len(self.sizes) * widest, self.dtype),)
+        return (_call("all_gather", "dp", widest, len(self.sizes) * widest, self.dtype),)
 
     @property
+    @_memo
     def pack_elems(self) -> int:
         return self.sizes[self.me]
 
     @property
+    @_memo
     def finish_elems(self) -> int:
         return sum(self.sizes) - self.sizes[self.me]
 
@@ -230,15 +273,18 @@ class TpGather:
     dtype: str
     phase: str = "gather"
 
+    @_memo
     def calls(self) -> tuple[Call, ...]:
         mine = sum(s for s, o in zip(self.shard, self.owners) if o == self.me)
-        return (Call("all_to_all", "tp", sum(self.shard), self.tp * mine, self.dtype, local_elems=mine),)
+        return (_call("all_to_all", "tp", sum(self.shard), self.tp * mine, self.dtype, None, False, mine),)
 
     @property
+    @_memo
     def pack_elems(self) -> int:
         return sum(self.shard)
 
     @property
+    @_memo
     def finish_elems(self) -> int:
         """The owner concatenates the TP shards of each matrix it owns."""
         return self.tp * sum(s for s, o in zip(self.shard, self.owners) if o == self.me)
@@ -259,15 +305,18 @@ class TpScatter:
     dtype: str
     phase: str = "scatter"
 
+    @_memo
     def calls(self) -> tuple[Call, ...]:
         mine = sum(s for s, o in zip(self.shard, self.owners) if o == self.me)
-        return (Call("all_to_all", "tp", self.tp * mine, sum(self.shard), self.dtype, local_elems=mine),)
+        return (_call("all_to_all", "tp", self.tp * mine, sum(self.shard), self.dtype, None, False, mine),)
 
     @property
+    @_memo
     def pack_elems(self) -> int:
         return self.tp * sum(s for s, o in zip(self.shard, self.owners) if o == self.me)
 
     @property
+    @_memo
     def finish_elems(self) -> int:
         return 0
 
@@ -284,14 +333,17 @@ class TpAllGather:
     dtype: str
     phase: str = "gather"
 
+    @_memo
     def calls(self) -> tuple[Call, ...]:
-        return tuple(Call("all_gather", "tp", s, self.tp * s, self.dtype) for s in self.shard)
+        return tuple(_call("all_gather", "tp", s, self.tp * s, self.dtype) for s in self.shard)
 
     @property
+    @_memo
     def pack_elems(self) -> int:
         return 0
 
     @property
+    @_memo
     def finish_elems(self) -> int:
         return self.tp * sum(self.shard)  # concatenating the shards along the TP dim
 
@@ -307,8 +359,9 @@ class NormReduce:
     phase: str = "clip_grad"
     dtype: str = "float32"
 
+    @_memo
     def calls(self) -> tuple[Call, ...]:
-        return (Call("all_reduce", self.axis, 1, 1, self.dtype),)
+        return (_call("all_reduce", self.axis, 1, 1, self.dtype),)
 
     pack_elems = 0
     finish_elems = 0
@@ -316,6 +369,15 @@ class NormReduce:
 
 Comm = BucketReduce | BucketGather | OwnedParamsGather | TpGather | TpScatter | TpAllGather | NormReduce
 COMM_TYPES = (BucketReduce, BucketGather, OwnedParamsGather, TpGather, TpScatter, TpAllGather, NormReduce)
+_COMM_KINDS: dict[type, bool] = {}
+
+
+def is_comm(kind: type) -> bool:
+    """``issubclass(kind, COMM_TYPES)``, kept per class (asked once per action of every program)."""
+    found = _COMM_KINDS.get(kind)
+    if found is None:
+        found = _COMM_KINDS[kind] = issubclass(kind, COMM_TYPES)
+    return found
 
 
 # ----------------------------------------------------------------------------- host work
@@ -450,9 +512,10 @@ class Backward:
     last: bool = True  # the last micro-batch's backward: its hooks reduce the accumulated gradients
     phase: str = "backward"
 
+    @_memo
     def calls(self) -> tuple[Call, ...]:
         """The hooks' own TP all-reduces (bucket reductions are listed by their actions)."""
-        return tuple(Call("all_reduce", "tp", n, n, self.dtype) for _, n in self.tp_partial)
+        return tuple(_call("all_reduce", "tp", n, n, self.dtype) for _, n in self.tp_partial)
 
 
 Action = Forward | Backward | Wait | Mark | Compute | Apply | Elementwise | GradNorm | ClipScale | CopyToModel | Comm
@@ -484,29 +547,51 @@ class Program:
 
     def comms(self) -> list[Comm]:
         """Every communication action, in issue order (backward hooks in place)."""
+        return list(self._comms())
+
+    @_memo
+    def _comms(self) -> tuple[Comm, ...]:
         out: list[Comm] = []
         for a in (*self.prologue, *self.actions, *self.drain):
-            if isinstance(a, Forward):
+            kind = type(a)
+            if kind is Forward:
                 out.extend(a.issues())
-            elif isinstance(a, Backward):
+            elif kind is Backward:
                 for h in a.hooks:
                     out.extend(h.issue)
-            elif isinstance(a, COMM_TYPES):
+            elif is_comm(kind):
                 out.append(a)
-        return out
+        return tuple(out)
 
     def calls(self) -> list[tuple[str, Call]]:
         """Every torch.distributed call of the iteration as ``(action tag, call)``, in order."""
+        return list(self._calls())
+
+    @_memo
+    def _calls(self) -> tuple[tuple[str, Call], ...]:
         out: list[tuple[str, Call]] = []
         for a in self.actions:
-            if isinstance(a, Forward):
-                for comm in a.issues():
-                    out.extend((comm.tag, c) for c in comm.calls())
-            elif isinstance(a, Backward):
-                out.extend(("backward", c) for c in a.calls())
-                for h in a.hooks:
-                    for comm in h.issue:
-                        out.extend((comm.tag, c) for c in comm.calls())
-            elif isinstance(a, COMM_TYPES):
-                out.extend((a.tag, c) for c in a.calls())
-        return out
+            out.extend(tagged_calls(a))
+        return tuple(out)
+
+
+def tagged_calls(a: Action) -> tuple[tuple[str, Call], ...]:
+    """The ``(action tag, call)`` pairs one action of an iteration contributes to
+    `Program.calls`: a forward the calls of the gathers its hooks issue, a backward its own
+    calls then its bucket hooks', a communication action its calls; kept on the action (the
+    lowering shares actions between ranks)."""
+    kind = type(a)
+    if kind is not Forward and kind is not Backward and not is_comm(kind):
+        return ()
+    d = a.__dict__
+    found = d.get("_memo_tagged_calls")
+    if found is None:
+        if kind is Forward:
+            found = tuple((comm.tag, c) for comm in a.issues() for c in comm.calls())
+        elif kind is Backward:
+            found = tuple(("backward", c) for c in a.calls()) + tuple(
+                (comm.tag, c) for h in a.hooks for comm in h.issue for c in comm.calls())
+        else:
+            found = tuple((a.tag, c) for c in a.calls())
+        d["_memo_tagged_calls"] = found
+    return found

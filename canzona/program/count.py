@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from canzona.plan.critical_path import lower_bound
-from canzona.program.actions import DTYPE_BYTES, Compute, Elementwise, Program
+from canzona.program.actions import DTYPE_BYTES, Backward, Compute, Elementwise, Forward, Program, is_comm
 
 
 @dataclass(frozen=True)
@@ -70,28 +70,75 @@ class _Slots:
             k += 1
 
 
-def count_program(plan, program: Program, slots: _Slots | None = None) -> tuple[float, float, float, float, int]:
+def _wire_bytes(a, sizes: dict[str, int]) -> tuple[tuple[float, float], ...]:
+    """(sent, received) bytes of each of an action's own calls, in order."""
+    out = []
+    for c in a.calls():
+        s, r = c.wire_elems(sizes[c.axis])
+        width = DTYPE_BYTES[c.dtype]
+        out.append((s * width, r * width))
+    return tuple(out)
+
+
+def _action_wire(a, sizes: dict[str, int], memo: dict[int, tuple]) -> tuple[tuple[float, float], ...]:
+    """`_wire_bytes` of every call an action makes, in `Program.calls` order (a forward: the
+    gathers its hooks issue; a backward: its own calls, then its bucket hooks'), kept per action
+    object in ``memo`` (the lowering shares actions between ranks)."""
+    hit = memo.get(id(a))
+    if hit is not None:
+        return hit[1]
+    kind = type(a)
+    if kind is Forward:
+        pairs = tuple(p for comm in a.issues() for p in _action_wire(comm, sizes, memo))
+    elif kind is Backward:
+        pairs = _wire_bytes(a, sizes) + tuple(p for h in a.hooks for comm in h.issue
+                                              for p in _action_wire(comm, sizes, memo))
+    elif is_comm(kind):
+        pairs = _wire_bytes(a, sizes)
+    else:
+        pairs = ()
+    memo[id(a)] = (a, pairs)  # the action is held too, so that its id is not reused meanwhile
+    return pairs
+
+
+def _work(plan, a, slots: _Slots, memo: dict[int, tuple]) -> tuple:
+    """An action's optimizer work as the terms `count_program` adds, in its order: a `Compute`'s
+    (cost, state elements) of its items, an `Elementwise`'s covered fraction of each parameter's
+    cost and the elements covered; kept per action object in ``memo``."""
+    hit = memo.get(id(a))
+    if hit is not None:
+        return hit[1]
+    if isinstance(a, Compute):
+        terms: tuple = ((sum(plan.cost[i] for i in a.items), sum(plan.params[i].numel for i in a.items)),)
+    elif isinstance(a, Elementwise):
+        terms = tuple((plan.cost[i] * n / plan.params[i].numel, n)
+                      for lo, hi in a.ranges for i, n in slots.overlaps(lo, hi))
+    else:
+        terms = ()
+    memo[id(a)] = (a, terms)
+    return terms
+
+
+def count_program(plan, program: Program, slots: _Slots | None = None,
+                  _memo: tuple[dict[int, tuple], dict[int, tuple]] | None = None
+                  ) -> tuple[float, float, float, float, int]:
     """(compute, state elements, sent bytes, received bytes, calls) of one rank's program."""
     slots = slots or _Slots(plan)
     sizes = {"dp": plan.dp, "tp": plan.tp, "world": plan.dp * plan.tp}
+    work_memo, wire_memo = ({}, {}) if _memo is None else _memo
     compute = numel = 0.0
-    for a in program.actions:
-        if isinstance(a, Compute):
-            compute += sum(plan.cost[i] for i in a.items)
-            numel += sum(plan.params[i].numel for i in a.items)
-        elif isinstance(a, Elementwise):
-            for lo, hi in a.ranges:
-                for i, n in slots.overlaps(lo, hi):
-                    compute += plan.cost[i] * n / plan.params[i].numel
-                    numel += n
     sent = recv = 0.0
-    calls = program.calls()
-    for _, c in calls:
-        s, r = c.wire_elems(sizes[c.axis])
-        width = DTYPE_BYTES[c.dtype]
-        sent += s * width
-        recv += r * width
-    return compute, numel, sent, recv, len(calls)
+    calls = 0
+    for a in program.actions:
+        for c, n in _work(plan, a, slots, work_memo):
+            compute += c
+            numel += n
+        pairs = _action_wire(a, sizes, wire_memo)  # every call in `Program.calls` order, summed in it
+        calls += len(pairs)
+        for s, r in pairs:
+            sent += s
+            recv += r
+    return compute, numel, sent, recv, calls
 
 
 def count_programs(plan, programs: Sequence[Program]) -> PlanMetrics:
@@ -102,8 +149,14 @@ def count_programs(plan, programs: Sequence[Program]) -> PlanMetrics:
     recv = np.zeros((dp, tp))
     calls = 0
     slots = _Slots(plan)
+    memo: tuple[dict[int, tuple], dict[int, tuple]] = ({}, {})  # actions are shared between ranks
+    done: dict[tuple[int, ...], tuple] = {}  # and whole programs' action lists, between TP ranks
     for prog in programs:
-        c, n, s, r, k = count_program(plan, prog, slots)
+        same = tuple(map(id, prog.actions))  # the same objects in the same order: the same sums
+        counted = done.get(same)
+        if counted is None:
+            counted = done[same] = count_program(plan, prog, slots, memo)
+        c, n, s, r, k = counted
         d, t = prog.dp_rank, prog.tp_rank
         compute[d, t], numel[d, t], send[d, t], recv[d, t] = c, n, s, r
         calls = max(calls, k)

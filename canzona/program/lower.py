@@ -100,6 +100,9 @@ class _Lowering:
         self.tp_partial = tuple(
             (i, p.local_numel(self.tp)) for i, p in enumerate(plan.params) if p.tp_grad_allreduce and self.tp > 1
         )
+        # What depends on the DP rank alone is made once per DP rank and shared by its TP ranks'
+        # programs (actions are immutable): the bucket collectives, the parameter gathers, ...
+        self._memo: dict[tuple, object] = {}
         if plan.param_sync == "owned_params":
             owned = [[] for _ in range(self.dp)]
             for b in plan.layout.buckets:
@@ -111,8 +114,19 @@ class _Lowering:
     def shard(self, i: int) -> int:
         return self.plan.params[i].local_numel(self.tp)
 
+    def _once(self, key: tuple, make):
+        """``make()``, made once per ``key`` for this plan."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            value = self._memo[key] = make()
+            return value
+
     # ------------------------------------------------------------------ gradient reduction
     def grad_reduce(self, d: int, b: int, phase: str) -> BucketReduce:
+        return self._once(("grad_reduce", d, b, phase), lambda: self._grad_reduce(d, b, phase))
+
+    def _grad_reduce(self, d: int, b: int, phase: str) -> BucketReduce:
         plan = self.plan
         bucket = plan.layout.buckets[b]
         tag = f"grad_reduce b{b}"
@@ -123,6 +137,21 @@ class _Lowering:
                             True, phase)
 
     def iteration(self, d: int, t: int) -> list[Action]:
+        out: list[Action] = list(self._once(("through_backward", d), lambda: tuple(self._through_backward(d))))
+        if self._step_shared(d):
+            out.extend(self._once(("step", d, t == 0), lambda: tuple(self._step_block(d, t))))
+        else:
+            out.extend(self._step_block(d, t))
+        out.extend(self._once(("param_sync", d), lambda: tuple(self.param_sync(d))))
+        return out
+
+    def _step_shared(self, d: int) -> bool:
+        """Is DP rank d's optimizer step the same on all its TP ranks (no micro-groups), up to
+        the gradient norm's ranges, which only tell TP rank 0 from the others?"""
+        return not (self.plan.tp_mode == "pipeline" and self.plan.micro_groups[d])
+
+    def _through_backward(self, d: int) -> list[Action]:
+        """Forward, backward and the gradient reduction (the same on every TP rank of DP rank d)."""
         plan = self.plan
         buckets = plan.layout.buckets
         k = self.ex.grad_accum
@@ -143,7 +172,11 @@ class _Lowering:
                                     GRAD_DTYPE, "grad_reduce") for b in range(len(buckets))]
             out.extend(gathers)
             out.append(Wait(tuple(g.tag for g in gathers), "grad_reduce", "gradient re-gather"))
-        out.append(Mark("step_start"))
+        return out
+
+    def _step_block(self, d: int, t: int) -> list[Action]:
+        """The optimizer step between its marks: clipping, the updates, the copy into the model."""
+        out: list[Action] = [Mark("step_start")]
         step = self.step(d, t)
         out.extend(self.clip(d, t, step))
         out.extend(step)
@@ -151,7 +184,6 @@ class _Lowering:
         if self.bf16 and main:
             out.append(CopyToModel("copy main->model", main))
         out.append(Mark("step_end"))
-        out.extend(self.param_sync(d))
         return out
 
     # ------------------------------------------------------------------ clipping and main params
@@ -177,14 +209,16 @@ class _Lowering:
             mine = tuple(r[d] for r in plan.shard_ranges if r[d][1] > r[d][0])
         if t == 0:
             return mine
-        holes = sorted((s.start, s.end) for i, s in self.slots.items() if self.replicated[i])
+        holes = self._once(("holes",), lambda: sorted((s.start, s.end) for i, s in self.slots.items()
+                                                       if self.replicated[i]))
         return subtract(mine, holes)
 
     def clip(self, d: int, t: int, step: list[Action]) -> list[Action]:
         if self.ex.clip_grad <= 0:
             return []
         dtype = self.ex.clip_norm_dtype
-        out: list[Action] = [GradNorm("grad norm", self._norm_ranges(d, t), dtype=dtype)]
+        counted = self._once(("norm_ranges", d, t == 0), lambda: self._norm_ranges(d, t))  # TP rank 0 or not
+        out: list[Action] = [GradNorm("grad norm", counted, dtype=dtype)]
         axis = None
         if not self.full_grads and self.dp * self.tp > 1:
             axis = "world"
@@ -210,9 +244,13 @@ class _Lowering:
 
     def _param_gathers(self, d: int) -> list[Comm]:
         """The parameter all-gathers of DP rank d in the order the forward needs them."""
+        return list(self._once(("param_gathers", d), lambda: tuple(self._make_param_gathers(d))))
+
+    def _make_param_gathers(self, d: int) -> list[Comm]:
         plan = self.plan
         if plan.param_sync == "shards":
-            order = sorted(plan.layout.buckets, key=lambda b: min(s.index for s in b.params))
+            order = self._once(("gather_order",), lambda: sorted(plan.layout.buckets,
+                                                                  key=lambda b: min(s.index for s in b.params)))
             return [BucketGather(f"param_sync b{b.index}", b.index, "param", self.impls[b.index],
                                  plan.shard_ranges[b.index], d, self.param_dtype, "param_sync") for b in order]
         return [OwnedParamsGather("param_sync", self.owned, self.owned_sizes, d, self.param_dtype, "param_sync")]
@@ -230,6 +268,9 @@ class _Lowering:
         dispatch bucket k+1's (forward order); bucket 0's comes from the previous step."""
         if not self.overlapped():
             return ()
+        return self._once(("forward_waits", d), lambda: self._forward_waits(d))
+
+    def _forward_waits(self, d: int) -> tuple[GatherWait, ...]:
         gathers = self._param_gathers(d)
         return tuple(GatherWait(self._first_param(g), g.tag, gathers[k + 1] if k + 1 < len(gathers) else None)
                      for k, g in enumerate(gathers))
@@ -248,12 +289,23 @@ class _Lowering:
     def step(self, d: int, t: int) -> list[Action]:
         plan = self.plan
         out: list[Action] = []
-        ranges = self.elementwise_ranges(d)
-        elementwise = [Elementwise("elementwise", ranges)] if ranges else []
+        elementwise = self._once(("elementwise", d), lambda: self._elementwise(d))
         if plan.tp_mode == "pipeline" and plan.micro_groups[d]:
             # the elementwise updates need no TP communication: they fill the first gathers' wait
             out.extend(self.pipeline(d, t, fill=elementwise))
             elementwise = []
+        out.extend(self._once(("local_step", d), lambda: tuple(self._local_step(d))))
+        out.extend(elementwise)
+        return out
+
+    def _elementwise(self, d: int) -> list[Action]:
+        ranges = self.elementwise_ranges(d)
+        return [Elementwise("elementwise", ranges)] if ranges else []
+
+    def _local_step(self, d: int) -> list[Action]:
+        """The step's matrices outside micro-groups (the same on every TP rank of DP rank d)."""
+        plan = self.plan
+        out: list[Action] = []
         piped = set(self.pipelined(d))
         local = [
             i for i in range(len(plan.params))
@@ -273,7 +325,6 @@ class _Lowering:
             out += [gather, Wait((gather.tag,), "gather", f"all-gather TP p{i}")]
             out.append(Compute(f"compute p{i}", (i,), gather.tag))
             out.append(Apply(f"apply p{i}", (i,), f"compute p{i}", (i,)))
-        out.extend(elementwise)
         return out
 
     def pipeline(self, d: int, t: int, fill: Sequence[Action] = ()) -> list[Action]:
@@ -352,22 +403,21 @@ class _Lowering:
     def matrix_items(self, d: int, t: int) -> tuple[int, ...]:
         """Matrices whose full update rank (d, t) computes."""
         plan = self.plan
-        mine = []
-        piped = set(self.pipelined(d))
-        for i in range(len(plan.params)):
-            if not self.matrix[i] or plan.dp_owner[i] not in (None, d):
-                continue
-            if i in piped and plan.tp_owner[i] != t:
-                continue
-            mine.append(i)
-        return tuple(mine)
+        ours = self._once(("dp_matrices", d), lambda: tuple(
+            i for i in range(len(plan.params)) if self.matrix[i] and plan.dp_owner[i] in (None, d)))
+        piped = self._once(("piped", d), lambda: frozenset(self.pipelined(d)))
+        if not piped:
+            return ours
+        return tuple(i for i in ours if i not in piped or plan.tp_owner[i] == t)
 
     def program(self, rank: int) -> Program:
         d, t = divmod(rank, self.tp)
         actions = tuple(self.iteration(d, t))
-        main = next((a.ranges for a in actions if isinstance(a, CopyToModel)), ())
-        return Program(rank, d, t, self.dp, self.tp, actions, self.drain(d), self.prologue(d), self.matrix_items(d, t),
-                       main, self.param_dtype)
+        main = next((a.ranges for a in reversed(actions) if type(a) is CopyToModel), ())  # one, near the end
+        drain = self._once(("drain", d), lambda: self.drain(d))
+        prologue = self._once(("prologue", d), lambda: self.prologue(d))
+        return Program(rank, d, t, self.dp, self.tp, actions, drain, prologue, self.matrix_items(d, t), main,
+                       self.param_dtype)
 
 
 def merge(ranges) -> Ranges:

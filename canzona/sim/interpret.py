@@ -23,6 +23,11 @@ It reads the same per-rank programs the executor runs and gives each action a du
 After backward each rank runs on by itself; a rank stops at a ``Wait`` whose collective not
 every member has issued yet. If no rank can move, the programs deadlock: an error naming the
 blocked actions (the same check `canzona.program.check.check_matching` does statically).
+
+A 256-rank projection interprets millions of actions, so what an action's interpretation reads
+(its calls, group, copy and host seconds) is resolved once per simulation (`_compiled`, shared
+between ranks where the lowering shares the action) and the arithmetic on the clocks is the
+same, operation for operation, as one action at a time: projections are unchanged to the bit.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ from canzona.sim.model import model_work
 from canzona.sim.profile import Profile
 from canzona.sim.timeline import Handle, Timeline
 
+_WAIT, _ISSUE, _HOST, _MARK = range(4)  # what a compiled action does (`ProgramSim._compiled`)
+
 
 class Deadlock(RuntimeError):
     """No rank can make progress: some collective is never issued by all its members."""
@@ -70,6 +77,17 @@ class ProgramSim:
         # CPU oversubscription: inside the optimizer step only the busy ranks compete for cores
         self.host_factor = [1.0] * self.world
         self.peer_s = [0.0] * self.world  # param-sync waits spent before the last peer issued
+        # Derived once, read many times (ranks x actions x iterations): each rank's group of a
+        # given axis, each group's profile level, per rank and tag the group of its collective
+        # (None: no calls) and the seconds of its copy-out, and the host seconds of an action's
+        # work by its content (ranks computing the same items cost the same).
+        self._groups: dict[tuple[str, int], tuple[tuple, tuple[int, ...]]] = {}
+        self._levels: dict[tuple, str] = {}
+        self._gid = [{tag: self._group_of(r, c)[0] if c.calls() else None for tag, c in comms.items()}
+                     for r, comms in enumerate(self.comms)]
+        self._finish_s = [{tag: self._copy_out(c) for tag, c in comms.items()} for comms in self.comms]
+        self._host_s: dict[tuple, float] = {}
+        self._ops: tuple[int, list] | None = None  # `_compiled`
 
     # ------------------------------------------------------------------ groups
     def members(self, axis: str, r: int) -> tuple[tuple, list[int]]:
@@ -80,9 +98,32 @@ class ProgramSim:
             return ("tp", d), [d * self.tp + x for x in range(self.tp)]
         return ("world", 0), list(range(self.world))
 
+    def _group(self, axis: str, r: int) -> tuple[tuple, tuple[int, ...]]:
+        """`members`, kept (read-only tuples)."""
+        key = (axis, r)
+        g = self._groups.get(key)
+        if g is None:
+            gid, members = self.members(axis, r)
+            g = self._groups[key] = (gid, tuple(members))
+        return g
+
+    def _group_of(self, r: int, comm) -> tuple[tuple, tuple[int, ...]]:
+        return self._group(comm.calls()[0].axis, r)
+
+    def _level(self, gid: tuple, members: Sequence[int]) -> str:
+        level = self._levels.get(gid)
+        if level is None:
+            level = self._levels[gid] = self.prof.level(members)
+        return level
+
+    def _copy_out(self, comm) -> float | None:
+        """Seconds of the host copy after a wait on `comm` (None: nothing to copy)."""
+        if not comm.finish_elems:
+            return None
+        return self.prof.copy(comm.finish_elems * DTYPE_BYTES[comm.calls()[0].dtype])
+
     def _key(self, r: int, comm, it: int | None = None) -> tuple:
-        axis = comm.calls()[0].axis
-        gid, _ = self.members(axis, r)
+        gid = self._gid[r][comm.tag]
         return (gid, comm.tag, self.it if it is None else it)
 
     def host(self, r: int, seconds: float) -> None:
@@ -93,35 +134,36 @@ class ProgramSim:
         calls = comm.calls()
         if not calls:
             return
-        width = DTYPE_BYTES[calls[0].dtype]
         if comm.pack_elems:
-            self.host(r, self.prof.copy(comm.pack_elems * width))
-        gid, members = self.members(calls[0].axis, r)
+            self.host(r, self.prof.copy(comm.pack_elems * DTYPE_BYTES[calls[0].dtype]))
+        gid, members = self._group(calls[0].axis, r)
         key = (gid, comm.tag, self.it)
-        slot = self.pending.setdefault(key, {})
+        slot = self.pending.get(key)
+        if slot is None:
+            slot = self.pending[key] = {}
         slot[r] = (self.tl.cpu[r], calls)
         if len(slot) == len(members):
             self._resolve(key, members, self.pending.pop(key), calls[0].axis)
 
-    def _seconds(self, per_member: list, members: list[int]) -> tuple[float, float]:
-        """(seconds, transfer seconds) of one action's calls over ``members``."""
+    def _seconds(self, per_member: list, members: Sequence[int], level: str | None = None) -> tuple[float, float]:
+        """(seconds, transfer seconds) of one action's calls over ``members`` (``level``: the
+        profile's level of that group, if known)."""
         prof = self.prof
-        n_calls = len(per_member[0])
+        first = per_member[0]
+        level = level or prof.level(members)
         lats, trs = [], []
-        for k in range(n_calls):
-            calls = [m[k] for m in per_member]
-            c = calls[0]
+        for k, c in enumerate(first):
             width = DTYPE_BYTES[c.dtype]
             if c.op == "all_to_all":
-                nbytes = max(max(x.in_elems - x.local_elems, x.out_elems - x.local_elems) for x in calls) * width
+                nbytes = max(max(x.in_elems - x.local_elems, x.out_elems - x.local_elems)
+                             for x in (m[k] for m in per_member)) * width
             elif c.op == "all_gather":
                 nbytes = c.out_elems * width
             else:  # all_reduce, reduce_scatter, reduce, broadcast: the full buffer
                 nbytes = c.in_elems * width
-            lat, tr = prof.collective_parts(c.op, nbytes, members)
+            lat, tr = prof.collective_parts(c.op, nbytes, members, level)
             lats.append(lat)
             trs.append(tr)
-        first = per_member[0]
         if not (first[0].coalesced and prof.coalesces):
             return sum(lats) + sum(trs), sum(trs)
         if all(c.op in ("reduce", "broadcast") and c.root is not None for c in first):
@@ -134,15 +176,15 @@ class ProgramSim:
 
     def _resolve(self, key: tuple, members: list[int], slot: dict[int, tuple[float, Any]], axis: str) -> None:
         per_member = [slot[r][1] for r in members]
-        seconds, transfer = self._seconds(per_member, members)
+        seconds, transfer = self._seconds(per_member, members, self._level(key[0], members))
         self.handles[key] = self.tl.collective(members, axis, seconds, key[1], transfer,
                                                issued=[slot[r][0] for r in members])
 
     def handle(self, r: int, tag: str, it: int | None = None) -> Handle | None:
-        comm = self.comms[r][tag]
-        if not comm.calls():
+        gid = self._gid[r][tag]
+        if gid is None:  # no calls: done the moment it is waited for
             return Handle(tag, self.tl.cpu[r], self.tl.cpu[r])
-        return self.handles.get(self._key(r, comm, it))
+        return self.handles.get((gid, tag, self.it if it is None else it))
 
     def _wait(self, r: int, h: Handle, phase: str) -> None:
         """Block rank r on `h`; book to ``peer_s`` the part of a parameter-sync wait that passes
@@ -159,7 +201,7 @@ class ProgramSim:
         """The measured iteration's parameter all-gathers' own time on rank r (start to end)."""
         total = 0.0
         for comm in self.comms[r].values():
-            if comm.phase != "param_sync":
+            if comm.phase != "param_sync" or self._gid[r][comm.tag] is None:
                 continue
             h = self.handles.get(self._key(r, comm)) or self.handles.get(self._key(r, comm, self.it - 1))
             if h is not None:
@@ -168,9 +210,9 @@ class ProgramSim:
 
     def _finish(self, r: int, tag: str) -> None:
         """Host work after a wait: the copy-out of what the collective brought."""
-        comm = self.comms[r][tag]
-        if comm.finish_elems:
-            self.host(r, self.prof.copy(comm.finish_elems * DTYPE_BYTES[comm.calls()[0].dtype]))
+        seconds = self._finish_s[r][tag]
+        if seconds is not None:
+            self.host(r, seconds)
 
     # ------------------------------------------------------------------ the iteration
     def run(self) -> None:
@@ -203,25 +245,100 @@ class ProgramSim:
             else:
                 self._backward(work, start)
             start += 1
+        ops = self._compiled(start)
         pc = [start] * self.world
         active = set(everyone)
+        handles, pending, it = self.handles, self.pending, self.it
+        cpu, factor = tl.cpu, self.host_factor
         while active:
             moved = False
             for r in sorted(active):
-                acts = self.programs[r].actions
-                while pc[r] < len(acts):
-                    a = acts[pc[r]]
-                    if isinstance(a, Wait) and any(self.handle(r, t) is None for t in a.tags):
-                        break
-                    self._do(r, a)
-                    pc[r] += 1
+                rops = ops[r]
+                n, k = len(rops), pc[r]
+                while k < n:
+                    op = rops[k]
+                    code = op[0]
+                    if code == _WAIT:
+                        _, waits, phase, label = op
+                        if any(g is not None and (g, t, it) not in handles for t, g, _ in waits):
+                            break  # a collective it waits for is not issued by every member yet
+                        start = tl.open(r)
+                        for tag, g, finish_s in waits:
+                            self._wait(r, Handle(tag, cpu[r], cpu[r]) if g is None else handles[(g, tag, it)], phase)
+                            if finish_s is not None:  # the copy-out of what it brought
+                                tl.host(r, finish_s * factor[r])
+                        tl.close(r, start, phase, label)
+                    elif code == _ISSUE:
+                        _, calls, gid, members, axis, pack_s, phase, tag = op
+                        start = tl.open(r)
+                        if pack_s is not None:  # packing the send buffer
+                            tl.host(r, pack_s * factor[r])
+                        key = (gid, tag, it)
+                        slot = pending.get(key)
+                        if slot is None:
+                            slot = pending[key] = {}
+                        slot[r] = (cpu[r], calls)
+                        if len(slot) == len(members):
+                            self._resolve(key, members, pending.pop(key), axis)
+                        tl.close(r, start, phase, tag)
+                    elif code == _HOST:
+                        _, seconds, phase, tag = op
+                        tl.span(r, None if seconds is None else seconds * factor[r], phase, tag)
+                    else:  # _MARK
+                        name = op[1]
+                        tl.mark([r], name)
+                        if name == "step_start":
+                            factor[r] = self.step_scale / self.scale
+                        elif name == "step_end":
+                            factor[r] = 1.0
+                    k += 1
                     moved = True
-                if pc[r] == len(acts):
+                pc[r] = k
+                if k == n:
                     tl.mark([r], "end")
                     active.discard(r)
             if active and not moved:
                 blocked = sorted({(r, self.programs[r].actions[pc[r]].tags) for r in active})[:4]
                 raise Deadlock(f"no rank can proceed; blocked at {blocked}")
+
+    def _compiled(self, start: int) -> list[list[tuple | None]]:
+        """Per rank, its actions from ``start`` (after backward) with everything an iteration
+        reads of them resolved once: a wait's collectives (group, copy-out seconds), an
+        issue's calls, group and packing seconds, a host action's seconds (`_host_seconds`).
+        The same for every iteration (kept); entries before ``start`` are None."""
+        if self._ops is not None and self._ops[0] == start:
+            return self._ops[1]
+        out = []
+        same: dict[int, tuple] = {}  # id(action) -> its op, for ops the same on every rank
+        for r, p in enumerate(self.programs):
+            gids, finish = self._gid[r], self._finish_s[r]
+            rops: list[tuple | None] = [None] * start
+            for a in p.actions[start:]:
+                op = same.get(id(a))
+                if op is not None:
+                    rops.append(op)
+                    continue
+                kind = type(a)
+                if kind is Wait:
+                    rops.append((_WAIT, tuple((t, gids[t], finish[t]) for t in a.tags), a.phase, a.label or None))
+                    continue
+                if kind is Mark:
+                    op = (_MARK, a.name)
+                elif isinstance(a, COMM_TYPES):
+                    calls = a.calls()
+                    if calls:
+                        gid, members = self._group(calls[0].axis, r)
+                        pack = self.prof.copy(a.pack_elems * DTYPE_BYTES[calls[0].dtype]) if a.pack_elems else None
+                        rops.append((_ISSUE, calls, gid, members, calls[0].axis, pack, a.phase, a.tag))
+                        continue
+                    op = (_HOST, None, a.phase, a.tag)
+                else:
+                    op = (_HOST, self._host_seconds(a), a.phase, a.tag)
+                same[id(a)] = op  # the programs (and so the action) outlive this loop: ids stay unique
+                rops.append(op)
+            out.append(rops)
+        self._ops = (start, out)
+        return out
 
     def _forward(self, work, index: int) -> None:
         """Forward in lockstep (identical model work on every rank); each rank first waits for
@@ -229,24 +346,28 @@ class ProgramSim:
         tl = self.tl
         everyone = list(range(self.world))
         waits = [{w.param: w for w in p.actions[index].waits} for p in self.programs]
+        waited = set().union(*waits)  # params some rank waits for
+        tp_groups = [self._group("tp", d * self.tp)[1] for d in range(self.dp)]
         with tl.phase(everyone, "forward"):
             for items, sec, tp_sec in work.forward_units:
                 for i in items:  # a chained gather must be issued by every member before it is waited for
+                    if i not in waited:
+                        continue
                     for r in everyone:
                         w = waits[r].get(i)
                         if w is None:
                             continue
                         h = self.handle(r, w.tag) or self.handle(r, w.tag, self.it - 1)
-                        with tl.phase([r], "param_sync", f"wait {w.tag}"):
-                            self._wait(r, h, "param_sync")
-                            self._finish(r, w.tag)
-                            if w.then is not None:
-                                self.issue(r, w.then)
-                for r in everyone:
-                    tl.host(r, sec)
+                        start = tl.open(r)
+                        self._wait(r, h, "param_sync")
+                        self._finish(r, w.tag)
+                        if w.then is not None:
+                            self.issue(r, w.then)
+                        tl.close(r, start, "param_sync", f"wait {w.tag}")
+                tl.host_all(everyone, sec)
                 if self.tp > 1 and tp_sec > 0:  # the unit's own TP all-reduces, on the TP stream
-                    for d in range(self.dp):
-                        tl.blocking(self.members("tp", d * self.tp)[1], "tp", tp_sec, "forward TP all-reduces")
+                    for members in tp_groups:
+                        tl.blocking(members, "tp", tp_sec, "forward TP all-reduces")
 
     def _backward(self, work, index: int) -> None:
         tl = self.tl
@@ -259,8 +380,7 @@ class ProgramSim:
         launched = 0
         with tl.phase(everyone, "backward"):
             for sec, done in work.backward_units:
-                for r in everyone:
-                    tl.host(r, sec)
+                tl.host_all(everyone, sec)
                 for i in done:
                     ready[bucket_of[i]] += 1
                 while launched < len(layout.buckets) and ready[launched] == len(layout.buckets[launched].params):
@@ -269,40 +389,34 @@ class ProgramSim:
                             self.issue(r, comm)
                     launched += 1
 
-    def _do(self, r: int, a) -> None:
-        tl, prof = self.tl, self.prof
-        plan = self.plan
-        if isinstance(a, Mark):
-            tl.mark([r], a.name)
-            if a.name == "step_start":
-                self.host_factor[r] = self.step_scale / self.scale
-            elif a.name == "step_end":
-                self.host_factor[r] = 1.0
-            return
-        if isinstance(a, COMM_TYPES):
-            with tl.phase([r], a.phase, a.tag):
-                self.issue(r, a)
-        elif isinstance(a, Wait):
-            with tl.phase([r], a.phase, a.label or None):
-                for tag in a.tags:
-                    self._wait(r, self.handle(r, tag), a.phase)
-                    self._finish(r, tag)
-        elif isinstance(a, Compute):
-            shapes = [shape for i in a.items for _, shape in plan.params[i].matrices]
-            with tl.phase([r], a.phase, a.tag):
-                self.host(r, prof.matrix_call(self.opt, shapes, *self.ns))
+    def _host_seconds(self, a) -> float:
+        """Host seconds of a rank's own work after backward (the same for every rank doing the
+        same items or ranges: kept by content)."""
+        prof, plan = self.prof, self.plan
+        if isinstance(a, Compute):
+            key = ("compute", a.items)
         elif isinstance(a, Apply):
-            with tl.phase([r], a.phase, a.tag):
-                self.host(r, prof.apply(plan.params[i].local_numel(self.tp) for i in a.items))
+            key = ("apply", a.items)
         elif isinstance(a, Elementwise):
-            with tl.phase([r], a.phase, a.tag):
-                self.host(r, prof.adamw(e - s for s, e in a.ranges))
+            key = ("adamw", a.ranges)
         elif isinstance(a, (GradNorm, ClipScale, CopyToModel)):
-            # one pass over fp32 gradients (norm, scaling) or fp32 main -> model parameters
-            with tl.phase([r], a.phase, a.tag):
-                self.host(r, prof.copy(4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges)))
+            key = ("pass", a.ranges)
         else:
             raise TypeError(f"the simulator cannot run {type(a).__name__} after backward")
+        seconds = self._host_s.get(key)
+        if seconds is not None:
+            return seconds
+        if isinstance(a, Compute):
+            shapes = [shape for i in a.items for _, shape in plan.params[i].matrices]
+            seconds = prof.matrix_call(self.opt, shapes, *self.ns)
+        elif isinstance(a, Apply):
+            seconds = prof.apply(plan.params[i].local_numel(self.tp) for i in a.items)
+        elif isinstance(a, Elementwise):
+            seconds = prof.adamw(e - s for s, e in a.ranges)
+        else:  # one pass over fp32 gradients (norm, scaling) or fp32 main -> model parameters
+            seconds = prof.copy(4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges))
+        self._host_s[key] = seconds
+        return seconds
 
     # ------------------------------------------------------------------ results
     def step_runnable(self) -> float:

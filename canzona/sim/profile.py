@@ -258,12 +258,15 @@ class Profile:
         nodes = {r // self.ranks_per_node for r in ranks}
         return "inter" if len(nodes) > 1 else "intra"
 
-    def collective_parts(self, kind: str, nbytes: float, ranks: Sequence[int]) -> tuple[float, float]:
+    def collective_parts(self, kind: str, nbytes: float, ranks: Sequence[int],
+                         level: str | None = None) -> tuple[float, float]:
         """(latency, transfer) seconds of one collective over `ranks` (global ranks; their nodes
-        pick the level). Only the transfer part keeps a CPU busy (gloo copies)."""
+        pick the level, unless ``level`` -- `level` of these ranks, which a caller pricing many
+        collectives of one group may keep -- is given). Only the transfer part keeps a CPU busy
+        (gloo copies)."""
         if kind not in COLLECTIVES:
             raise ValueError(f"unknown collective {kind!r}")
-        return self.links[self.level(ranks)][kind].parts(kind, len(ranks), nbytes)
+        return self.links[level or self.level(ranks)][kind].parts(kind, len(ranks), nbytes)
 
     def collective(self, kind: str, nbytes: float, ranks: Sequence[int]) -> float:
         """Seconds of one collective over `ranks`."""

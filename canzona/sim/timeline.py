@@ -18,7 +18,9 @@ collective is only created once every member has reached it. Rules:
 ``scale`` multiplies every duration (oversubscribed CPU cores); the simulator may change it
 between segments of the iteration.
 Phases are recorded as the executor's `StepTimer` records them: ``{"name", "cat", "start_ms",
-"dur_ms"}`` per block, with the block's milliseconds accumulated per phase name.
+"dur_ms"}`` per block (`rank_events`; kept as tuples until read: a 256-rank projection records
+millions of blocks and reads a few ranks'), with the block's milliseconds accumulated per phase
+name.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class Timeline:
         self.cpu = [0.0] * world
         self.debt = [0.0] * world
         self.streams: dict[str, list[float]] = defaultdict(lambda: [0.0] * world)
-        self.events: list[list[dict]] = [[] for _ in range(world)]
+        # per rank, its phase blocks as (name, phase, start_ms, dur_ms): dicts only when read
+        self.events: list[list[tuple[str, str, float, float]]] = [[] for _ in range(world)]
         self.stream_events: list[list[dict]] = [[] for _ in range(world)]
         self.phase_s: list[dict[str, float]] = [defaultdict(float) for _ in range(world)]
         self.marks: list[dict[str, float]] = [{} for _ in range(world)]
@@ -73,10 +76,26 @@ class Timeline:
         self.busy[r] += dur
         self.debt[r] = 0.0
 
+    def host_all(self, ranks: Sequence[int], seconds: float) -> None:
+        """`host` on each of `ranks` (the same work on every rank, one call)."""
+        cpu, busy, debt = self.cpu, self.busy, self.debt
+        work = seconds * self.scale
+        for r in ranks:
+            dur = work + debt[r]
+            cpu[r] += dur
+            busy[r] += dur
+            debt[r] = 0.0
+
     def wait(self, r: int, handle: Handle) -> None:
-        idle = max(0.0, handle.end - self.cpu[r])
-        self.cpu[r] = max(self.cpu[r], handle.end)
-        self.debt[r] = max(0.0, self.debt[r] - idle)
+        # idle = max(0, end - cpu); cpu = max(cpu, end); debt = max(0, debt - idle), spelled out
+        cpu, end = self.cpu[r], handle.end
+        idle = end - cpu
+        if not idle > 0.0:
+            idle = 0.0
+        if end > cpu:
+            self.cpu[r] = end
+        debt = self.debt[r] - idle
+        self.debt[r] = debt if debt > 0.0 else 0.0
 
     def wait_all(self, r: int, handles: Sequence[Handle]) -> None:
         """Wait on each of `handles` in turn: the same as waiting on the one that ends last."""
@@ -103,8 +122,40 @@ class Timeline:
             if self._nested[r]:
                 self._nested[r][-1] += dur
             self.phase_s[r][name] += dur - inner
-            self.events[r].append({"name": label or name, "cat": CATEGORY.get(name, name),
-                                   "start_ms": (s - self.origin[r]) * 1e3, "dur_ms": dur * 1e3})
+            self.events[r].append((label or name, name, (s - self.origin[r]) * 1e3, dur * 1e3))
+
+    def open(self, r: int) -> float:
+        """Start a `phase` block on rank r alone (the interpreter's per-action blocks, without a
+        context manager's cost); returns what `close` needs."""
+        self._nested[r].append(0.0)
+        return self.cpu[r]
+
+    def close(self, r: int, start: float, name: str, label: str | None = None) -> None:
+        """End the block `open` started on rank r: booked exactly as `phase` books it."""
+        dur = self.cpu[r] - start
+        nested = self._nested[r]
+        inner = nested.pop()
+        if nested:
+            nested[-1] += dur
+        self.phase_s[r][name] += dur - inner
+        self.events[r].append((label or name, name, (start - self.origin[r]) * 1e3, dur * 1e3))
+
+    def span(self, r: int, seconds: float | None, name: str, label: str | None = None) -> None:
+        """A `phase` block on rank r holding only host work (`host` of ``seconds``; None: none),
+        booked exactly as ``open``, ``host``, ``close`` would book it, in one call."""
+        cpu = self.cpu
+        start = cpu[r]
+        if seconds is not None:
+            dur = seconds * self.scale + self.debt[r]
+            cpu[r] += dur
+            self.busy[r] += dur
+            self.debt[r] = 0.0
+        dur = cpu[r] - start
+        nested = self._nested[r]
+        if nested:
+            nested[-1] += dur
+        self.phase_s[r][name] += dur
+        self.events[r].append((label or name, name, (start - self.origin[r]) * 1e3, dur * 1e3))
 
     # ------------------------------------------------------------------ collectives
     def collective(self, ranks: Sequence[int], stream: str, seconds: float, label: str,
@@ -146,5 +197,6 @@ class Timeline:
         """Rank r's phase events and (optionally) its comm-stream events, times since its origin."""
         shift = self.origin[r] * 1e3
         streams = [{**e, "start_ms": e["start_ms"] - shift} for e in self.stream_events[r]] if with_streams else []
-        evs = list(self.events[r]) + streams
+        evs = [{"name": label, "cat": CATEGORY.get(name, name), "start_ms": start, "dur_ms": dur}
+               for label, name, start, dur in self.events[r]] + streams
         return sorted(evs, key=lambda e: e["start_ms"])  # stable: blocks keep their program order

@@ -147,3 +147,96 @@ def test_report_fails_a_rank_over_the_limit_and_writes_whole_files(tmp_path: Pat
     write_report(tmp_path, report)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dryrun.json", "dryrun.txt"]
     assert (tmp_path / "dryrun.txt").read_text() == table
+
+
+# ------------------------------------------------------------------------------------ speed-ups
+def _key_parts(mode: FakeTensorMode, args: tuple, prep) -> tuple[list, str | None]:
+    from torch._subclasses.fake_tensor import _BypassDispatchCache
+
+    out: list = []
+    try:
+        prep(mode, out, args, None, [])
+    except _BypassDispatchCache as e:
+        return out, e.reason
+    return out, None
+
+
+def test_fast_cache_key_is_torchs_key() -> None:
+    """`fastkey._prep` writes exactly what torch's ``_prep_args_for_hash`` writes, and refuses
+    caching for the same reasons, over the arguments ops get: numbers, dtypes, lists, strided
+    fake tensors of every layout a rank makes (views, offsets, transposes, channels-last,
+    autograd leaves), and arguments it leaves to torch (a real tensor, another mode's tensor)."""
+    from canzona.trial.dryrun import fastkey
+
+    if not fastkey.supported():
+        pytest.skip("fastkey does not apply to this torch (its key code differs): nothing to compare")
+    mode, other = FakeTensorMode(), FakeTensorMode()
+    with mode:
+        base = torch.empty(8, 4, 6, 10)
+        grad = torch.empty(3, 5, requires_grad=True)
+        cases = [
+            (base, 1, 2.5, True, None, "x", torch.float32, torch.device("cpu"), torch.strided,
+             torch.contiguous_format),
+            (base.transpose(1, 3), base[2:, 1], base.view(32, 60)[5:], base.permute(0, 2, 3, 1)),
+            (base.contiguous(memory_format=torch.channels_last), grad, grad.t(), torch.empty(0)),
+            ([base, [grad, 3]], {"dim": 1, "out": base}, (torch.empty(2, dtype=torch.bfloat16),)),
+        ]
+    with other:
+        foreign = torch.empty(2)
+    cases += [(torch.ones(2),), (foreign,)]  # torch's own path: a real tensor, not our fake
+    for args in cases:
+        assert _key_parts(mode, args, fastkey._prep) == _key_parts(mode, args, fastkey._torch_prep), args
+
+
+def test_fast_cache_key_falls_back_to_torch_on_any_difference(monkeypatch, capsys) -> None:
+    """A key the fast path gets wrong is replaced by torch's and the fast path is removed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode as Mode
+
+    from canzona.trial.dryrun import fastkey
+
+    if not fastkey.supported():
+        pytest.skip("fastkey does not apply to this torch")
+    mode = FakeTensorMode()
+    with mode:
+        t = torch.empty(4, 4)
+    want = _key_parts(mode, (t, 2), fastkey._torch_prep)
+    monkeypatch.setattr(fastkey, "_flatten", lambda t, result: result.append("wrong"))
+    monkeypatch.setattr(fastkey, "_count", 0)  # within the keys it checks
+    try:
+        assert fastkey.install() and Mode._prep_args_for_hash is fastkey._checked
+        assert _key_parts(mode, (t, 2), Mode._prep_args_for_hash) == want
+        assert Mode._prep_args_for_hash is fastkey._torch_prep  # uninstalled
+        assert "differed from torch's" in capsys.readouterr().err
+    finally:
+        fastkey.uninstall()
+    monkeypatch.setattr(fastkey, "_SOURCES", {**fastkey._SOURCES, "extract_tensor_metadata": "0" * 16})
+    assert not fastkey.supported() and not fastkey.install()  # another torch: its own code
+
+
+def test_fake_cache_entries_pass_between_processes_as_plain_data(tmp_path: Path) -> None:
+    """`fakecache.export` writes the entries a process added (ops and metadata, not tensors),
+    `merge` adds the missing ones to another cache under equal keys and removes the file; an
+    entry naming an object of one process (here: a process group's script object) stays out."""
+    from torch._subclasses.fake_tensor import FakeTensorMode as Mode
+    from torch._subclasses.fake_tensor import _DispatchCacheBypassEntry, _DispatchCacheKey
+
+    from canzona.trial.dryrun import fakecache
+
+    saved = dict(Mode.cache)
+    try:
+        Mode.cache.clear()
+        with FakeTensorMode():
+            a = torch.empty(16, 8)
+            (a @ a.t()).relu().sum(dim=0)
+        odd = _DispatchCacheKey((torch.ops.aten.mm.default, object()))
+        Mode.cache[odd] = _DispatchCacheBypassEntry("test")
+        made = dict(Mode.cache)
+        assert fakecache.export(tmp_path / "x.cache", 0) == len(made) - 1
+        Mode.cache.clear()
+        assert fakecache.merge(tmp_path / "x.cache") == len(made) - 1 and not (tmp_path / "x.cache").exists()
+        assert set(Mode.cache) == set(made) - {odd}
+        assert all(Mode.cache[k] == v for k, v in made.items() if k != odd)
+        assert fakecache.merge(tmp_path / "missing.cache") == 0
+    finally:
+        Mode.cache.clear()
+        Mode.cache.update(saved)

@@ -12,9 +12,12 @@ device (``dist.dry_run_memory_gb``; 80 and 141 GiB always shown) and its collect
 group would not accept, any error of the rank's code, or a peak over the limit.
 
 Modules: `launch` (workers, report; no torch until it runs), `worker` (a rank's process),
-`fakecuda` (the fake CUDA device for CPU-only torch), `device` (host queries, scalar reads and
-SDPA's kernel choice on fake tensors), `execute` (one rank), `observe` (memory ledger and
-collective checks), `report` (analytic count, verdicts, files).
+`zygote` (the preloaded parent of the rank processes), `fakecuda` (the fake CUDA device for
+CPU-only torch), `device` (host queries, scalar reads and SDPA's kernel choice on fake
+tensors), `execute` (one rank), `observe` (memory ledger and collective checks), `report`
+(analytic count, verdicts, files); for speed only, `fakecache` (torch's fake-tensor dispatch
+cache passed from rank to rank) and `fastkey` (its keys computed faster, checked against
+torch's).
 
 Importing this package imports no torch: the worker must load the fake device first.
 """

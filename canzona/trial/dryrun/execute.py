@@ -42,6 +42,7 @@ from canzona.model.qwen3 import build_model
 from canzona.plan.methods import make_plan
 from canzona.program.check import compare_recorded
 from canzona.program.lower import lower
+from canzona.trial.dryrun import fastkey
 from canzona.trial.dryrun.device import DeviceFunctions, emulate_queries
 from canzona.trial.dryrun.observe import Ledger, Observer
 from canzona.trial.dryrun.report import expected_bytes
@@ -69,6 +70,7 @@ def run_rank(cfg: TrialConfig, rank: int, plan: Any = None) -> dict[str, Any]:
     violation: the caller reports it as this rank's error). ``plan``: the trial's plan (the dry
     run's launcher makes it once for all ranks); None plans here."""
     emulate_queries()
+    fastkey.install()  # torch's fake-tensor cache keys, computed faster (checked against torch's)
     torch.set_num_threads(1)  # fake tensors compute nothing
     dist.init_process_group("fake", rank=rank, world_size=cfg.world_size, store=FakeStore())
     dist_rules.install()
@@ -87,7 +89,9 @@ def _run(cfg: TrialConfig, rank: int, ctx, plan: Any = None) -> dict[str, Any]:
     program = lower(plan, [rank])[0]
     mcfg = cfg.model_cfg()
     dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
-    batches = [step_batches(cfg, s, ctx.dp_rank, ctx.dp) for s in range(STEPS)]
+    # the rank's micro-batches of the first step stand for every step's: on fake tensors only their
+    # shapes and dtypes count, the same at every step (generating 4096-token batches is real CPU work)
+    batches = [step_batches(cfg, 0, ctx.dp_rank, ctx.dp)] * STEPS
     groups = {"dp": ctx.dp_group, "tp": ctx.tp_group, "world": dist.distributed_c10d._get_default_group()}
     observer = Observer(groups)
     ledger = observer.ledger

@@ -26,12 +26,14 @@ PLAN_FILE = "plan.pkl"  # the trial's plan, made once here, read by every rank's
 
 
 def dry_run_trial(cfg: TrialConfig, ranks: list[int] | str | None = None, out: str | os.PathLike | None = None,
-                  *, workers: int | None = None) -> dict[str, Any]:
+                  *, workers: int | None = None, slots: threading.Semaphore | None = None) -> dict[str, Any]:
     """Dry-run ``ranks`` (default ``dist.dry_run_ranks``) of ``cfg``'s job; the report dict
     (`canzona.trial.dryrun.report.build_report`). With ``out``, ``dryrun.json`` and
     ``dryrun.txt`` are written there -- only when ``report["errors"]`` is empty. ``workers``
     ranks run at once (default: one per core, at most `MAX_WORKERS`; a worker takes about
-    0.5 GB). ConfigError for what a dry run refuses (ranks the job does not have, ...), as
+    0.5 GB). ``slots``: a semaphore every rank holds while it runs, shared by dry runs made at
+    once from several threads (a sweep's), so that together they run no more ranks than it
+    allows. ConfigError for what a dry run refuses (ranks the job does not have, ...), as
     with ``dist.dry_run=true`` on the command line."""
     t0 = time.perf_counter()
     chosen = dry_run_ranks(cfg.dist.dry_run_ranks if ranks is None else ranks, cfg.world_size)
@@ -46,10 +48,12 @@ def dry_run_trial(cfg: TrialConfig, ranks: list[int] | str | None = None, out: s
     with tempfile.TemporaryDirectory(prefix="canzona-dryrun-") as tmp:
         (Path(tmp) / PLAN_FILE).write_bytes(pickle.dumps(plan))
         with ThreadPoolExecutor(n) as pool:
-            done = list(pool.map(lambda r: _run_worker(Path(tmp), library, config, r), chosen))
+            running = [pool.submit(_run_worker, Path(tmp), library, config, r, slots) for r in chosen]
+            matching = _program_matching(plan)  # here, while the ranks run
+            done = [f.result() for f in running]
     results = [d["result"] for d in done if d["ok"]]
     errors = [d["error"] for d in done if not d["ok"]]
-    report = build_report(cfg, results, errors, _program_matching(plan), time.perf_counter() - t0)
+    report = build_report(cfg, results, errors, matching, time.perf_counter() - t0)
     if out is not None and not report["errors"]:
         write_report(Path(out), report)
     return report
@@ -107,11 +111,16 @@ _ZYGOTE = _Zygote()
 atexit.register(_ZYGOTE.close)
 
 
-def _run_worker(tmp: Path, library: Path | None, config: dict[str, Any], rank: int) -> dict[str, Any]:
+def _run_worker(tmp: Path, library: Path | None, config: dict[str, Any], rank: int,
+                slots: threading.Semaphore | None = None) -> dict[str, Any]:
     spec, result, stderr = tmp / f"rank{rank}.json", tmp / f"rank{rank}.out.json", tmp / f"rank{rank}.err"
     spec.write_text(json.dumps({"library": str(library) if library else None, "config": config, "rank": rank,
                                 "plan": str(tmp / PLAN_FILE), "setup": os.environ.get(SETUP_ENV)}))
-    code = _ZYGOTE.run(library, spec, result, stderr)
+    if slots is None:
+        code = _ZYGOTE.run(library, spec, result, stderr)
+    else:
+        with slots:
+            code = _ZYGOTE.run(library, spec, result, stderr)
     if result.exists():
         return json.loads(result.read_text())
     lines = stderr.read_text(errors="replace").strip().splitlines() if stderr.exists() else []

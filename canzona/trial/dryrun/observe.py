@@ -39,6 +39,8 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+_DEVICE = torch.ops.prim.device.default
+_META = torch.device("meta")
 CATEGORIES = ("parameters", "gradients", "main_parameters", "optimizer_state", "activations", "transient")
 # Phases whose allocations are parameters / activations when nothing labels them otherwise.
 _PHASE_CATEGORY = {"build": "parameters", "forward": "activations"}
@@ -227,7 +229,19 @@ class Observer(TorchDispatchMode):
         self.ledger = Ledger(device_type)
         self.collectives = CollectiveLog(groups)
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ so that torch.compile does not trace into it;
+        # nothing is compiled in a dry run, and the wrapper costs two calls on every op
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE and len(args) == 1 and isinstance(args[0], FakeTensor) and not kwargs:
+            # About half of a rank's dispatches: C++ asking a fake tensor for its device. It
+            # allocates nothing and is no collective; answered as FakeTensor's own handler does,
+            # without the fake mode's round trip.
+            t = args[0]
+            return _META if t.fake_mode.in_kernel_invocation else t.fake_device
         kwargs = kwargs or {}
         if func.namespace == "c10d":
             self.collectives.check(func, args, kwargs)

@@ -51,12 +51,19 @@ def _setup_hook(spec: str | None) -> None:
     getattr(module, name)()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], cache_out: str | None = None) -> int:
+    """Run the rank of SPEC (``argv[0]``) into RESULT (``argv[1]``); the exit status. With
+    ``cache_out`` (the zygote's child), the fake-tensor cache entries the rank added are
+    written there for the zygote to pass on (`canzona.trial.dryrun.fakecache`)."""
     spec = json.loads(Path(argv[0]).read_text())
     rank = spec["rank"]
     tp = spec["config"]["parallel"]["tp"]
+    inherited = None
     try:
         fakecuda.preload(spec["library"])
+        from canzona.trial.dryrun import fakecache
+
+        inherited = fakecache.size()
         from canzona.config import load_config
         from canzona.trial.dryrun.execute import run_rank
 
@@ -69,6 +76,11 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         out, code = {"ok": False, "error": describe(rank, tp, e)}, 1
     Path(argv[1]).write_text(json.dumps(out))
+    if cache_out and inherited is not None:
+        try:
+            fakecache.export(cache_out, inherited)
+        except Exception:  # noqa: BLE001 - sharing the cache is an optimisation, never the rank's error
+            pass
     return code
 
 
