@@ -27,6 +27,16 @@ class RankLayout:
     def world(self) -> int:
         return self.dp * self.tp
 
+    def size(self, axis: str) -> int:
+        """How many ranks an ``axis`` group (dp | tp | world) has."""
+        if axis == "dp":
+            return self.dp
+        if axis == "tp":
+            return self.tp
+        if axis == "world":
+            return self.world
+        raise ValueError(f"unknown group axis {axis!r}; allowed: dp, tp, world")
+
     def rank_of(self, dp_rank: int, tp_rank: int) -> int:
         """The global rank at (``dp_rank``, ``tp_rank``)."""
         return dp_rank * self.tp + tp_rank

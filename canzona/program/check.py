@@ -12,17 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
+from canzona.layout import RankLayout
 from canzona.program.actions import Call, Program, tagged_calls
-
-
-def _groups(dp: int, tp: int) -> dict[tuple[str, int], list[int]]:
-    out: dict[tuple[str, int], list[int]] = {}
-    for t in range(tp):
-        out[("dp", t)] = [d * tp + t for d in range(dp)]
-    for d in range(dp):
-        out[("tp", d)] = [d * tp + t for t in range(tp)]
-    out[("world", 0)] = list(range(dp * tp))
-    return out
 
 
 def _key(c: Call) -> tuple:
@@ -77,7 +68,7 @@ def check_matching(programs: Sequence[Program]) -> list[str]:
         return by_axis[r].get(axis, [])
 
     problems: list[str] = []
-    for (axis, idx), members in _groups(dp, tp).items():
+    for (axis, idx), members in RankLayout(dp, tp).groups().items():
         if not all(r in by_rank for r in members):
             continue
         seqs = {r: calls_of(r, axis) for r in members}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from canzona.layout import RankLayout
 from canzona.plan.critical_path import lower_bound
 from canzona.program.actions import DTYPE_BYTES, Backward, Compute, Elementwise, Forward, Program, is_comm
 
@@ -34,7 +35,8 @@ class PlanMetrics:
     collectives: int  # most collective calls any rank makes per iteration
 
     def ranks(self) -> list[dict[str, float | int]]:
-        dp, tp = self.compute.shape
+        """One row per rank, in rank order."""
+        grid = RankLayout(*self.compute.shape)
         return [
             {
                 "dp_rank": d,
@@ -44,8 +46,7 @@ class PlanMetrics:
                 "send_bytes": int(self.send_bytes[d, t]),
                 "recv_bytes": int(self.recv_bytes[d, t]),
             }
-            for d in range(dp)
-            for t in range(tp)
+            for d, t in map(grid.coords, range(grid.world))
         ]
 
     def imbalance(self) -> dict[str, float]:
@@ -124,7 +125,8 @@ def count_program(plan, program: Program, slots: _Slots | None = None,
                   ) -> tuple[float, float, float, float, int]:
     """(compute, state elements, sent bytes, received bytes, calls) of one rank's program."""
     slots = slots or _Slots(plan)
-    sizes = {"dp": plan.dp, "tp": plan.tp, "world": plan.dp * plan.tp}
+    grid = plan.rank_layout
+    sizes = {axis: grid.size(axis) for axis in ("dp", "tp", "world")}
     work_memo, wire_memo = ({}, {}) if _memo is None else _memo
     compute = numel = 0.0
     sent = recv = 0.0
@@ -160,7 +162,7 @@ def count_programs(plan, programs: Sequence[Program]) -> PlanMetrics:
         d, t = prog.dp_rank, prog.tp_rank
         compute[d, t], numel[d, t], send[d, t], recv[d, t] = c, n, s, r
         calls = max(calls, k)
-    ranks = dp * tp
+    ranks = plan.rank_layout.world
     ideal = sum(plan.cost.values()) / ranks
     total_numel = sum(p.numel for p in plan.params)
     return PlanMetrics(

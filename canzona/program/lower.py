@@ -85,6 +85,7 @@ class _Lowering:
         self.plan = plan
         self.ex = plan.execution
         self.dp, self.tp = plan.dp, plan.tp
+        self.grid = plan.rank_layout
         self.param_dtype = self.ex.dtype  # bf16 parameters are all-gathered in bf16
         self.bf16 = self.ex.dtype != "float32"
         # every rank holds every reduced gradient (all-reduce, or sync's re-gather) or only its shards
@@ -220,7 +221,7 @@ class _Lowering:
         counted = self._once(("norm_ranges", d, t == 0), lambda: self._norm_ranges(d, t))  # TP rank 0 or not
         out: list[Action] = [GradNorm("grad norm", counted, dtype=dtype)]
         axis = None
-        if not self.full_grads and self.dp * self.tp > 1:
+        if not self.full_grads and self.grid.world > 1:
             axis = "world"
         elif self.tp > 1:
             axis = "tp"
@@ -411,7 +412,7 @@ class _Lowering:
         return tuple(i for i in ours if i not in piped or plan.tp_owner[i] == t)
 
     def program(self, rank: int) -> Program:
-        d, t = divmod(rank, self.tp)
+        d, t = self.grid.coords(rank)
         actions = tuple(self.iteration(d, t))
         main = next((a.ranges for a in reversed(actions) if type(a) is CopyToModel), ())  # one, near the end
         drain = self._once(("drain", d), lambda: self.drain(d))
@@ -448,10 +449,9 @@ def subtract(ranges: Ranges, holes) -> Ranges:
 
 
 def lower(plan, ranks: Sequence[int] | None = None) -> list[Program]:
-    """The programs of ``ranks`` (default: every rank), rank = dp_rank * tp + tp_rank."""
+    """The programs of ``ranks`` (default: every rank), numbered as `canzona.layout.RankLayout` does."""
     low = _Lowering(plan)
-    world = plan.dp * plan.tp
-    return [low.program(r) for r in (range(world) if ranks is None else ranks)]
+    return [low.program(r) for r in (range(low.grid.world) if ranks is None else ranks)]
 
 
 def lower_rank(plan, rank: int) -> Program:

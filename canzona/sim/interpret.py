@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from canzona.layout import RankLayout
 from canzona.program.actions import (
     COMM_TYPES,
     DTYPE_BYTES,
@@ -50,6 +51,7 @@ from canzona.program.actions import (
     Program,
     Wait,
 )
+from canzona.program.lower import comm_of
 from canzona.sim.model import model_work
 from canzona.sim.profile import Profile
 from canzona.sim.timeline import Handle, Timeline
@@ -66,14 +68,15 @@ class ProgramSim:
         self.cfg, self.plan, self.prof = cfg, plan, prof
         self.programs = list(programs)
         self.dp, self.tp = plan.dp, plan.tp
-        self.world = self.dp * self.tp
+        self.grid: RankLayout = plan.rank_layout
+        self.world = self.grid.world
         self.scale, self.step_scale = scale, step_scale
         self.tl = Timeline(self.world, prof.overlap, scale)
         self.opt = cfg.optimizer.name if plan.matrix_rule else "adamw"
         self.ns = (cfg.optimizer.ns_dtype, cfg.optimizer.ns_steps)
         self.pending: dict[tuple, dict[int, tuple[float, Any]]] = {}
         self.handles: dict[tuple, Handle] = {}
-        self.comms = [{c.tag: c for c in p.comms()} for p in self.programs]
+        self.comms = [comm_of(p) for p in self.programs]
         # CPU oversubscription: inside the optimizer step only the busy ranks compete for cores
         self.host_factor = [1.0] * self.world
         self.peer_s = [0.0] * self.world  # param-sync waits spent before the last peer issued
@@ -91,12 +94,8 @@ class ProgramSim:
 
     # ------------------------------------------------------------------ groups
     def members(self, axis: str, r: int) -> tuple[tuple, list[int]]:
-        d, t = divmod(r, self.tp)
-        if axis == "dp":
-            return ("dp", t), [x * self.tp + t for x in range(self.dp)]
-        if axis == "tp":
-            return ("tp", d), [d * self.tp + x for x in range(self.tp)]
-        return ("world", 0), list(range(self.world))
+        """(group id, members) of rank r's ``axis`` group (`canzona.layout.RankLayout.group`)."""
+        return self.grid.group(axis, r)
 
     def _group(self, axis: str, r: int) -> tuple[tuple, tuple[int, ...]]:
         """`members`, kept (read-only tuples)."""
@@ -347,7 +346,7 @@ class ProgramSim:
         everyone = list(range(self.world))
         waits = [{w.param: w for w in p.actions[index].waits} for p in self.programs]
         waited = set().union(*waits)  # params some rank waits for
-        tp_groups = [self._group("tp", d * self.tp)[1] for d in range(self.dp)]
+        tp_groups = [self._group("tp", self.grid.rank_of(d, 0))[1] for d in range(self.dp)]
         with tl.phase(everyone, "forward"):
             for items, sec, tp_sec in work.forward_units:
                 for i in items:  # a chained gather must be issued by every member before it is waited for

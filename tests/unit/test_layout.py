@@ -24,6 +24,14 @@ def test_groups_and_the_group_of_a_rank() -> None:
     assert grid.group("world", 4) == (("world", 0), list(range(6)))
 
 
+def test_group_sizes_by_axis() -> None:
+    grid = RankLayout(dp=4, tp=2)
+    assert [grid.size(a) for a in ("dp", "tp", "world")] == [4, 2, 8]
+    assert all(grid.size(axis) == len(grid.group(axis, 5)[1]) for axis in ("dp", "tp", "world"))
+    with pytest.raises(ValueError, match="unknown group axis 'pp'"):
+        grid.size("pp")
+
+
 @pytest.mark.parametrize("dp,tp", [(1, 1), (4, 1), (1, 4), (8, 2)])
 def test_every_rank_is_in_one_group_per_axis(dp: int, tp: int) -> None:
     grid = RankLayout(dp, tp)

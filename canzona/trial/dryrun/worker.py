@@ -21,12 +21,13 @@ import sys
 import traceback
 from pathlib import Path
 
+from canzona.layout import RankLayout
 from canzona.trial.dryrun import fakecuda
 
 SETUP_ENV = "CANZONA_DRYRUN_SETUP"
 
 
-def describe(rank: int, tp: int, e: BaseException) -> str:
+def describe(rank: int, grid: RankLayout, e: BaseException) -> str:
     """One line: the rank, what went wrong and where in the harness."""
     first = (str(e).strip().splitlines() or [""])[0]
     frames = [f for f in traceback.extract_tb(e.__traceback__)
@@ -36,7 +37,8 @@ def describe(rank: int, tp: int, e: BaseException) -> str:
     if frames:
         f = frames[-1]
         where = f" (at {Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} in {f.name})"
-    return f"rank {rank} (dp {rank // tp}, tp {rank % tp}): {type(e).__name__}: {first}{where}"
+    d, t = grid.coords(rank)
+    return f"rank {rank} (dp {d}, tp {t}): {type(e).__name__}: {first}{where}"
 
 
 def _setup_hook(spec: str | None) -> None:
@@ -57,7 +59,7 @@ def main(argv: list[str], cache_out: str | None = None) -> int:
     written there for the zygote to pass on (`canzona.trial.dryrun.fakecache`)."""
     spec = json.loads(Path(argv[0]).read_text())
     rank = spec["rank"]
-    tp = spec["config"]["parallel"]["tp"]
+    grid = RankLayout(spec["config"]["parallel"]["dp"], spec["config"]["parallel"]["tp"])
     inherited = None
     try:
         fakecuda.preload(spec["library"])
@@ -74,7 +76,7 @@ def main(argv: list[str], cache_out: str | None = None) -> int:
         code = 0
     except Exception as e:  # noqa: BLE001 - every failure of the rank is its dry-run error
         traceback.print_exc()
-        out, code = {"ok": False, "error": describe(rank, tp, e)}, 1
+        out, code = {"ok": False, "error": describe(rank, grid, e)}, 1
     Path(argv[1]).write_text(json.dumps(out))
     if cache_out and inherited is not None:
         try:
