@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from canzona.config import TrialConfig
+from canzona.devices import threads_per_rank
 from canzona.plan.summary import plan_record
 from canzona.plan.types import Plan
 from canzona.program.count import count_programs
 from canzona.program.lower import lower
-from canzona.records import PHASES
+from canzona.records import PHASES, write_records
 from canzona.sim.claims import PAPER_CLAIMS  # re-exported: the paper's headline, beside projections
 from canzona.sim.interpret import ProgramSim
 from canzona.sim.model import ModelWork, forward_flops, model_work
@@ -35,9 +36,8 @@ def oversubscription(cfg: TrialConfig, prof: Profile) -> tuple[float, int, int]:
     cores = prof.device.get("cores")
     if prof.device.get("kind", "cpu") != "cpu" or not cores:
         return 1.0, 1, 0
-    world = cfg.world_size
-    threads = cfg.dist.threads_per_rank or max(1, int(cores) // world)
-    return max(1.0, world * threads / int(cores)), threads, int(cores)
+    threads = threads_per_rank(cfg, cores=int(cores))  # as a trial of this world on those cores would run
+    return max(1.0, cfg.world_size * threads / int(cores)), threads, int(cores)
 
 
 def simulate(cfg: TrialConfig, profile: Any, plan: Plan | None = None) -> ProgramSim:
@@ -165,7 +165,7 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
         keep = {critical, int(np.argmin(step_ms)), 0}
     rows = []
     for r in range(world):
-        d, t = divmod(r, sim.tp)
+        d, t = sim.grid.coords(r)
         ph = tl.phases_ms(r)
         rows.append({
             "step": 0, "measured": True, "rank": r, "dp_rank": d, "tp_rank": t,
@@ -220,20 +220,13 @@ def write_trial(cfg: TrialConfig, profile: Any, out: str | Path) -> dict[str, An
     `project` dict less ``steps``, plus ``profile_inputs`` (`Profile.inputs`), ``peak_memory_mb: None``,
     ``host``, ``versions``).
     The sweep launcher's status.json is not written. Returns the summary."""
-    import yaml
-
-    from canzona.records import atomic_write_json, atomic_write_text
-
     out = Path(out)
     prof = load_profile(profile)
     res = project(cfg, prof)
     rows = [{**r, "projected": True} for r in res.pop("steps")]
     summary = {**res, "profile_inputs": prof.inputs(), "peak_memory_mb": None, "host": "simulated",
                "versions": {"simulator": "canzona.sim", "profile": res["profile"]["name"]}}
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "config.yaml", yaml.safe_dump({**cfg.to_dict(), "out": str(out)}, sort_keys=False))
-    atomic_write_text(out / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    atomic_write_json(out / "summary.json", summary)
+    write_records(out, {**cfg.to_dict(), "out": str(out)}, rows, summary)
     return summary
 
 

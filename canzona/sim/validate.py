@@ -37,7 +37,7 @@ import yaml
 from canzona.config import load_config
 from canzona.errors import ConfigError
 from canzona.overrides import build, split_argv
-from canzona.records import PHASES, read_jsonl
+from canzona.records import CONFIG_FILE, PHASES, STATUS_FILE, STEPS_FILE, SUMMARY_FILE, read_jsonl
 from canzona.schema_doc import setting
 from canzona.sim.profile import Profile, load_profile
 from canzona.sim.simulate import project
@@ -84,11 +84,11 @@ def compare(trial_dir: str | Path, profile: Any) -> dict[str, Any]:
     """Predicted vs measured for one recorded trial; a flat row (plus ``phases``)."""
     trial_dir = Path(trial_dir)
     prof = load_profile(profile)
-    raw = yaml.safe_load((trial_dir / "config.yaml").read_text())
+    raw = yaml.safe_load((trial_dir / CONFIG_FILE).read_text())
     raw.pop("out", None)
     cfg = load_config(base=raw)
-    summary = json.loads((trial_dir / "summary.json").read_text())
-    steps = read_jsonl(trial_dir / "steps.jsonl") if (trial_dir / "steps.jsonl").exists() else []
+    summary = json.loads((trial_dir / SUMMARY_FILE).read_text())
+    steps = read_jsonl(trial_dir / STEPS_FILE) if (trial_dir / STEPS_FILE).exists() else []
     pred = project(cfg, prof, events="none")
     rec = summary.get("plan") or {}
     row: dict[str, Any] = {
@@ -132,11 +132,11 @@ def trial_dirs(sweep_dir: str | Path) -> list[Path]:
     config.yaml whose status.json, if any, says done; projections (``projected: true``, written
     by `write_trial`) are not measurements and are left out."""
     out = []
-    for s in sorted(Path(sweep_dir).rglob("summary.json")):
+    for s in sorted(Path(sweep_dir).rglob(SUMMARY_FILE)):
         d = s.parent
-        if not (d / "config.yaml").exists() or _projected(s):
+        if not (d / CONFIG_FILE).exists() or _projected(s):
             continue
-        status = d / "status.json"
+        status = d / STATUS_FILE
         if status.exists():
             try:
                 if json.loads(status.read_text()).get("status") != "done":

@@ -15,13 +15,12 @@ and the reference devices `REFERENCE_GB`), `write_report` writes ``dryrun.json``
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from canzona.optim import registry
 from canzona.program.actions import DTYPE_BYTES, Compute, Elementwise, Program
+from canzona.records import DRYRUN_JSON, DRYRUN_TEXT, atomic_write_text
 
 GIB = 1 << 30
 REFERENCE_GB = (80.0, 141.0)  # H100 / A100 80 GB and H200 141 GB, as GiB
@@ -29,7 +28,6 @@ STATE_BYTES = 4  # optimizer state follows the fp32 gradients
 MEASURED = ("parameters", "gradients", "main_parameters", "optimizer_state", "activations", "transient")
 LABELS = {"parameters": "params", "gradients": "grads", "main_parameters": "main", "optimizer_state": "opt state",
           "activations": "activations", "transient": "transient"}
-JSON_NAME, TEXT_NAME = "dryrun.json", "dryrun.txt"
 
 
 def expected_bytes(plan, program: Program, optimizer) -> dict[str, int]:
@@ -150,9 +148,5 @@ def _columns(head: list[str], rows: list[list[str]], left: tuple[int, ...] = ())
 
 def write_report(out: Path, report: dict[str, Any]) -> None:
     """``dryrun.json`` and ``dryrun.txt`` into ``out``, each written whole or not at all."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in ((JSON_NAME, json.dumps(report, indent=1) + "\n"), (TEXT_NAME, format_table(report))):
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, out / name)
+    atomic_write_text(out / DRYRUN_JSON, json.dumps(report, indent=1) + "\n")
+    atomic_write_text(out / DRYRUN_TEXT, format_table(report))
