@@ -97,11 +97,6 @@ class Timeline:
         debt = self.debt[r] - idle
         self.debt[r] = debt if debt > 0.0 else 0.0
 
-    def wait_all(self, r: int, handles: Sequence[Handle]) -> None:
-        """Wait on each of `handles` in turn: the same as waiting on the one that ends last."""
-        if handles:
-            self.wait(r, max(handles, key=lambda h: h.end))
-
     def mark(self, ranks: Sequence[int], name: str) -> None:
         """Record each rank's time (since its ``origin``) under ``name``."""
         for r in ranks:
