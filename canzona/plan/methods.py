@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from canzona.config import TrialConfig
+from canzona.errors import ConfigError
 from canzona.inventory import build_inventory
 from canzona.optim import registry as optimizers
 from canzona.plan.buckets import build_layout
@@ -34,6 +35,8 @@ def plan_inputs(cfg: TrialConfig, cost_model: CostModel) -> PlanInputs:
     params = tuple(build_inventory(cfg.model_cfg(), split_fused=cfg.model.split_fused,
                                    matrix_embeddings=cfg.model.matrix_embeddings,
                                    sequence_parallel=cfg.sequence_parallel))
+    if any(p.expert is not None for p in params):
+        raise ConfigError(f"model={cfg.model.name}: planning MoE experts is not supported yet")
     layout = build_layout(list(params), dp=cfg.parallel.dp, tp=cfg.parallel.tp, bucket_size=cfg.bucket_size())
     cost = {i: cost_model.cost(p) for i, p in enumerate(params)}
     return PlanInputs(params, layout, cost, cost_model.name, optimizers.get(cfg.optimizer.name).matrix,
