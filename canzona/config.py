@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 
 from canzona.cost import COSTS
 from canzona.errors import ConfigError
-from canzona.inventory import QWEN3, ModelConfig, check_tp, model_config_of
+from canzona.inventory import MODELS, QWEN3_MOE, ModelConfig, check_experts, check_tp, model_config_of
+from canzona.layout import ExpertLayout
 from canzona.optim import registry as optimizers
 from canzona.optim.section import OptimizerSection
 from canzona.overrides import Arguments, build, split_argv
@@ -35,7 +36,7 @@ DP_VARIANTS = ("minmax", "snap")
 @dataclass
 class ModelSection:
     name: str = setting("qwen3-0.6b", "the Qwen3 model (shapes in canzona.inventory; shorthand model=NAME)",
-                        choices=tuple(QWEN3))
+                        choices=tuple(MODELS))
     width_div: int = setting(1, "divide hidden, FFN, head_dim and vocab by this (heads kept: aspect ratios and relative costs stay)")
     num_layers: int | None = setting(None, "decoder layers; null keeps the model's")
     vocab: int | None = setting(None, "a tokenizer's vocabulary instead of Qwen3's 151936 (e.g. GPT-2's 50257), "
@@ -45,6 +46,11 @@ class ModelSection:
     split_fused: bool = setting(False, "optimize the fused QKV and gate/up matrices as their logical sub-matrices")
     matrix_embeddings: bool = setting(False, "give the embedding and output layer to the matrix optimizer "
                                              "(default: AdamW)")
+    num_experts: int | None = setting(None, "MoE models (" + ", ".join(QWEN3_MOE) + "): routed experts per "
+                                            "layer, at most the model's 128 (every expert keeps its shape); "
+                                            "null keeps the model's")
+    top_k: int | None = setting(None, "MoE models: experts each token is routed to, at most model.num_experts; "
+                                      "null keeps the model's 8")
 
 
 @dataclass
@@ -75,6 +81,10 @@ class MethodSection:
 class ParallelSection:
     dp: int = setting(1, "data-parallel ranks")
     tp: int = setting(1, "tensor-parallel ranks (divides the heads, KV heads and FFN)")
+    ep: int = setting(1, "expert-parallel ranks of an MoE model: each holds num_experts/ep experts per layer; "
+                         "divides dp*tp/etp (expert-data-parallel size: dp*tp/(etp*ep))")
+    etp: int | None = setting(None, "expert tensor-parallel ranks (Megatron's --expert-tensor-parallel-size): 1 "
+                                    "or parallel.tp; null: parallel.tp, as Megatron")
     # Megatron's --sequence-parallel; ignored at TP 1, as Megatron ignores it.
     sequence_parallel: bool = setting(False, "Megatron's --sequence-parallel: norms and residuals split along "
                                              "the sequence over TP (all-gather / reduce-scatter for each "
@@ -110,6 +120,8 @@ class CanzonaSection:
 @dataclass
 class BucketSection:
     size: int | None = setting(None, "gradient bucket size in elements; null: Megatron's max(40M, 1M x dp)")
+    expert_size: int | None = setting(None, "MoE: bucket size of the expert gradient buffer (reduced over the "
+                                            "expert-data-parallel group), in elements; null: bucket.size's")
 
 
 @dataclass
@@ -182,6 +194,20 @@ class TrialConfig:
     def bucket_size(self) -> int:
         return self.bucket.size if self.bucket.size is not None else max(40_000_000, 1_000_000 * self.parallel.dp)
 
+    def expert_bucket_size(self) -> int:
+        """The expert buffer's bucket size: ``bucket.expert_size``, else the dense buffer's (Megatron
+        sizes both buffers' buckets alike; Megatron-Canzona sets the expert one on its own)."""
+        return self.bucket.expert_size if self.bucket.expert_size is not None else self.bucket_size()
+
+    @property
+    def expert_tp(self) -> int:
+        """``parallel.etp``, null meaning ``parallel.tp`` (Megatron's default)."""
+        return self.parallel.etp if self.parallel.etp is not None else self.parallel.tp
+
+    def expert_layout(self) -> ExpertLayout:
+        """Megatron's expert grid of this trial (`canzona.layout.ExpertLayout`)."""
+        return ExpertLayout(self.parallel.dp, self.parallel.tp, self.parallel.ep, self.expert_tp)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -214,11 +240,15 @@ def validate(cfg: TrialConfig) -> TrialConfig:
         raise ConfigError(f"parallel.dp={cfg.parallel.dp} must be a positive integer")
     if cfg.bucket.size is not None and cfg.bucket.size < 1:
         raise ConfigError(f"bucket.size={cfg.bucket.size} must be a positive number of elements")
+    if cfg.bucket.expert_size is not None and cfg.bucket.expert_size < 1:
+        raise ConfigError(f"bucket.expert_size={cfg.bucket.expert_size} must be a positive number of elements")
     if cfg.train.grad_accum < 1:
         raise ConfigError(f"train.grad_accum={cfg.train.grad_accum} must be a positive number of micro-batches")
     if cfg.train.steps < 1 or cfg.train.warmup < 0:
         raise ConfigError(f"train.steps={cfg.train.steps} must be >= 1 and train.warmup={cfg.train.warmup} >= 0")
     check_tp(cfg.model_cfg(), cfg.parallel.tp)
+    check_experts(cfg.model_cfg(), cfg.parallel.ep, cfg.expert_tp)
+    ExpertLayout.check(cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.ep, cfg.expert_tp)
     methods.check(m.dp, m.tp, optimizers.get(cfg.optimizer.name).matrix, cfg.parallel.tp)
     if cfg.sequence_parallel and cfg.train.seq_len % cfg.parallel.tp:
         raise ConfigError(f"parallel.sequence_parallel=true splits the sequence over TP: parallel.tp={cfg.parallel.tp} "

@@ -1,4 +1,4 @@
-"""Qwen3 dense model inventory: the ordered list of parameters as Megatron lays them out.
+"""Qwen3 model inventory (dense and MoE): the ordered list of parameters as Megatron lays them out.
 
 Everything downstream (cost model, planner, executor, model) speaks in terms of `ParamSpec`s,
 so this module is the single source of truth for names, full (unsharded) shapes and how each
@@ -12,6 +12,14 @@ Canonical full layouts (independent of the TP size, so TP shards concatenated al
   key head, then its value head. TP must divide ``kv_heads``, so each rank holds whole groups.
 - fused gate/up ``[2 * ffn, hidden]``: rows interleaved one by one (row 2i is gate_i, row 2i+1
   is up_i), so any contiguous row block holds matching gate and up rows.
+
+Mixture-of-experts models (Qwen3-30B-A3B, Qwen3-235B-A22B: every layer sparse, no shared
+expert) replace each layer's MLP by a router ``[num_experts, hidden]`` (AdamW, like the norms)
+and per expert a fused gate/up ``[2 * ffn, hidden]`` (the dense fc1's interleave) and a down
+``[hidden, ffn]``, where ``ffn`` is each expert's FFN width (``moe_intermediate_size``). They
+are named as megatron-core's ``TEGroupedMLP`` names them (``mlp.experts.linear_fc1.weight<e>``,
+all experts' fc1 then all experts' fc2), with the *global* expert index ``e``: EP rank ``r``
+holds experts ``r * E/ep .. (r+1) * E/ep - 1`` and calls them ``weight0..`` locally.
 """
 
 from __future__ import annotations
@@ -35,10 +43,17 @@ class ModelConfig:
     head_dim: int
     vocab: int
     tied_embeddings: bool
+    num_experts: int = 0  # routed experts per layer; 0: a dense model (``ffn``: each expert's width)
+    top_k: int = 0  # experts each token is routed to
 
     @property
     def q_per_group(self) -> int:
         return self.heads // self.kv_heads
+
+    @property
+    def moe(self) -> bool:
+        """Every decoder layer's MLP is a mixture of experts."""
+        return self.num_experts > 0
 
 
 # Public Qwen3 dense configs (head_dim 128, vocab 151936). docs/design.md §5.
@@ -54,6 +69,18 @@ QWEN3: dict[str, ModelConfig] = {
     ]
 }
 
+# Public Qwen3 MoE configs (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B config.json): ``ffn`` is
+# moe_intermediate_size; decoder_sparse_step 1 and mlp_only_layers [] (every layer is MoE), no
+# shared expert, untied output.
+QWEN3_MOE: dict[str, ModelConfig] = {
+    c.name: c
+    for c in [
+        ModelConfig("qwen3-30b-a3b", 2048, 768, 48, 32, 4, 128, 151936, False, num_experts=128, top_k=8),
+        ModelConfig("qwen3-235b-a22b", 4096, 1536, 94, 64, 4, 128, 151936, False, num_experts=128, top_k=8),
+    ]
+}
+MODELS: dict[str, ModelConfig] = {**QWEN3, **QWEN3_MOE}
+
 
 VOCAB_DIVISIBLE_BY = 128  # Megatron's --make-vocab-size-divisible-by default
 
@@ -66,7 +93,8 @@ def padded_vocab(vocab: int, tp: int) -> int:
 
 
 def model_config(name: str, width_div: int = 1, num_layers: int | None = None, *, vocab: int | None = None,
-                 tied_embeddings: bool | None = None, tp: int = 1) -> ModelConfig:
+                 tied_embeddings: bool | None = None, tp: int = 1, num_experts: int | None = None,
+                 top_k: int | None = None) -> ModelConfig:
     """Look up a Qwen3 config, optionally scaled down for small machines or given another tokenizer.
 
     ``width_div`` divides hidden, ffn, head_dim and vocab by the same factor (head counts kept),
@@ -75,11 +103,15 @@ def model_config(name: str, width_div: int = 1, num_layers: int | None = None, *
     padded for ``tp`` as Megatron pads it (`padded_vocab`) before any ``width_div``;
     ``tied_embeddings`` ties or unties the output layer (Qwen3 ties it up to 4B; Megatron ties it
     unless ``--untie-embeddings-and-output-weights``). Either one changed shows in the name.
+    ``num_experts`` / ``top_k`` cut an MoE model's experts per layer and experts per token
+    (`_scale_experts`).
     """
-    if name not in QWEN3:
-        raise ConfigError(f"unknown model {name!r}; allowed: {', '.join(QWEN3)}")
-    cfg = QWEN3[name]
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}; allowed: {', '.join(MODELS)}")
+    cfg = MODELS[name]
     suffix = ""
+    if num_experts is not None or top_k is not None:
+        cfg, suffix = _scale_experts(cfg, num_experts, top_k)
     if vocab is not None:
         if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
             raise ConfigError(f"model.vocab={vocab!r} must be a positive integer (a tokenizer's vocabulary size)")
@@ -114,11 +146,35 @@ def model_config(name: str, width_div: int = 1, num_layers: int | None = None, *
     )
 
 
+def _scale_experts(cfg: ModelConfig, num_experts: int | None, top_k: int | None) -> tuple[ModelConfig, str]:
+    """``cfg`` with fewer experts per layer and/or per token, and the name suffix saying so.
+
+    Cutting the experts keeps every expert's shape, so the planner sees the same matrices, only
+    fewer of them; the top-k must stay within the experts (an explicit ``top_k`` is needed when
+    ``num_experts`` drops below the model's)."""
+    if not cfg.moe:
+        key = "model.num_experts" if num_experts is not None else "model.top_k"
+        raise ConfigError(f"{key} is for MoE models; {cfg.name} is dense (MoE: {', '.join(QWEN3_MOE)})")
+    for key, value in (("model.num_experts", num_experts), ("model.top_k", top_k)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{key}={value!r} must be a positive integer")
+    experts = num_experts if num_experts is not None else cfg.num_experts
+    k = top_k if top_k is not None else cfg.top_k
+    if experts > cfg.num_experts:
+        raise ConfigError(f"model.num_experts={experts} exceeds {cfg.name}'s {cfg.num_experts} experts per layer")
+    if k > experts:
+        raise ConfigError(f"model.top_k={k} exceeds model.num_experts={experts} (a token is routed to at most "
+                          f"every expert); give model.top_k<={experts}")
+    suffix = (f"/e{experts}" if experts != cfg.num_experts else "") + (f"/k{k}" if k != cfg.top_k else "")
+    return replace(cfg, num_experts=experts, top_k=k), suffix
+
+
 def model_config_of(model: Any, tp: int = 1) -> ModelConfig:
     """`model_config` from a trial's ``model`` section, as an object or a records dict."""
     get = model.get if isinstance(model, dict) else lambda k, d=None: getattr(model, k, d)
     return model_config(get("name", ""), get("width_div") or 1, get("num_layers"), vocab=get("vocab"),
-                        tied_embeddings=get("tied_embeddings"), tp=tp)
+                        tied_embeddings=get("tied_embeddings"), tp=tp, num_experts=get("num_experts"),
+                        top_k=get("top_k"))
 
 
 @dataclass(frozen=True)
@@ -143,6 +199,10 @@ class ParamSpec:
     it. ``subs`` lists the logical sub-matrices a fused matrix is optimized as when
     ``split_fused`` is on (empty otherwise). ``tp_grad_allreduce`` marks replicated params whose
     gradient is only partial on each TP rank (q/k-norm, applied to the rank's own heads).
+    ``expert`` is the global expert index of an MoE expert's matrix (None for every other
+    param): experts live in the expert buffer, are split over the expert-parallel group and
+    reduced over the expert-data-parallel group (`canzona.layout.ExpertLayout`), and ``tp_dim``
+    then splits them over the expert-TP ranks.
     """
 
     name: str
@@ -152,6 +212,7 @@ class ParamSpec:
     layer: int | None = None
     subs: tuple[SubMatrix, ...] = ()
     tp_grad_allreduce: bool = False
+    expert: int | None = None
 
     @property
     def numel(self) -> int:
@@ -205,8 +266,10 @@ def build_inventory(
 
     Embedding and output layer go to AdamW unless ``matrix_embeddings``; norms always do.
     A tied model has no separate output layer. With ``sequence_parallel`` the hidden-size norms
-    see only their TP rank's part of the sequence, so their gradients are partial per TP rank
-    (``tp_grad_allreduce``, as the q/k norms' always are).
+    (and an MoE router, which Megatron marks ``sequence_parallel`` too) see only their TP rank's
+    part of the sequence, so their gradients are partial per TP rank (``tp_grad_allreduce``, as
+    the q/k norms' always are). An MoE model's layers have a router and experts
+    (`_moe_params`) where a dense one has ``mlp.linear_fc1`` / ``linear_fc2``.
     """
     emb_kind: Kind = "matrix" if matrix_embeddings else "adamw"
     hd = cfg.head_dim
@@ -224,6 +287,11 @@ def build_inventory(
             ParamSpec(f"{p}.self_attention.k_layernorm.weight", (hd,), None, "adamw", i, tp_grad_allreduce=True),
             ParamSpec(f"{p}.self_attention.linear_proj.weight", (cfg.hidden, cfg.heads * hd), 1, "matrix", i),
             ParamSpec(f"{p}.pre_mlp_layernorm.weight", (cfg.hidden,), None, "adamw", i, tp_grad_allreduce=sp),
+        ]
+        if cfg.moe:
+            params += _moe_params(cfg, i, split_fused=split_fused, sequence_parallel=sp)
+            continue
+        params += [
             ParamSpec(fc1, (2 * cfg.ffn, cfg.hidden), 0, "matrix", i, _fc1_subs(cfg, fc1) if split_fused else ()),
             ParamSpec(f"{p}.mlp.linear_fc2.weight", (cfg.hidden, cfg.ffn), 1, "matrix", i),
         ]
@@ -231,6 +299,21 @@ def build_inventory(
     if not cfg.tied_embeddings:
         params.append(ParamSpec("output_layer.weight", (cfg.vocab, cfg.hidden), 0, emb_kind))
     return params
+
+
+def _moe_params(cfg: ModelConfig, layer: int, *, split_fused: bool, sequence_parallel: bool) -> list[ParamSpec]:
+    """One MoE layer's router and experts, in megatron-core's registration order (router, then
+    ``TEGroupedMLP``'s fc1 of every expert, then fc2 of every expert)."""
+    p = f"decoder.layers.{layer}.mlp"
+    out = [ParamSpec(f"{p}.router.weight", (cfg.num_experts, cfg.hidden), None, "adamw", layer,
+                     tp_grad_allreduce=sequence_parallel)]
+    for e in range(cfg.num_experts):
+        fc1 = f"{p}.experts.linear_fc1.weight{e}"
+        out.append(ParamSpec(fc1, (2 * cfg.ffn, cfg.hidden), 0, "matrix", layer,
+                             _fc1_subs(cfg, fc1) if split_fused else (), expert=e))
+    out += [ParamSpec(f"{p}.experts.linear_fc2.weight{e}", (cfg.hidden, cfg.ffn), 1, "matrix", layer, expert=e)
+            for e in range(cfg.num_experts)]
+    return out
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:
@@ -244,3 +327,20 @@ def check_tp(cfg: ModelConfig, tp: int) -> None:
 
 def total_params(params: list[ParamSpec]) -> int:
     return sum(p.numel for p in params)
+
+
+def check_experts(cfg: ModelConfig, ep: int, etp: int) -> None:
+    """Raise ConfigError unless ``ep`` EP ranks can split ``cfg``'s experts and ``etp`` expert-TP
+    ranks each expert's FFN (the group arithmetic itself: `canzona.layout.ExpertLayout.check`)."""
+    for key, value in (("parallel.ep", ep), ("parallel.etp", etp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key}={value!r} must be a positive integer")
+    if not cfg.moe:
+        if ep != 1:
+            raise ConfigError(f"parallel.ep={ep} splits experts, and {cfg.name} is dense; use parallel.ep=1 "
+                              f"or an MoE model ({', '.join(QWEN3_MOE)})")
+        return
+    if cfg.num_experts % ep:
+        raise ConfigError(f"parallel.ep={ep} does not divide the {cfg.num_experts} experts per layer of {cfg.name}")
+    if cfg.ffn % etp:
+        raise ConfigError(f"parallel.etp={etp} does not divide the expert FFN width {cfg.ffn} of {cfg.name}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from canzona.errors import ConfigError
+
 # A group of ranks named by its axis and its index along the other axis: ("dp", tp_rank),
 # ("tp", dp_rank) or ("world", 0).
 GroupId = tuple[str, int]
@@ -67,4 +69,90 @@ class RankLayout:
         out: dict[GroupId, list[int]] = {("dp", t): self.dp_group(t) for t in range(self.tp)}
         out.update({("tp", d): self.tp_group(d) for d in range(self.dp)})
         out[("world", 0)] = list(range(self.world))
+        return out
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where each global rank sits in Megatron's expert grid, beside the dense DP × TP one.
+
+    megatron-core's ``initialize_model_parallel`` (0.16, order ``tp-cp-ep-dp-pp``, no pipeline or
+    context parallelism) builds a second rank generator for expert layers with TP = expert-TP
+    (``expert_tensor_parallel_size``, default: TP), EP = ``expert_model_parallel_size`` and DP =
+    the expert-data-parallel size ``world / (etp · ep)``; so
+
+        global rank = etp_rank + etp · (ep_rank + ep · edp_rank)
+
+    An EP group (the experts of a layer split over it, tokens dispatched all-to-all inside it)
+    is ``ep`` ranks ``etp`` apart; an expert-DP group (the ranks holding the same experts, which
+    reduce their gradients and share their optimizer work) is ``edp`` ranks ``etp · ep`` apart;
+    an expert-TP group is ``etp`` consecutive ranks. With etp = tp an expert-TP group is a dense
+    TP group and an EP group is ``ep`` consecutive DP ranks of one TP rank; with etp = 1 an EP
+    group is ``ep`` consecutive global ranks, across TP groups. Only etp = 1 and etp = tp are
+    taken (`check`).
+    """
+
+    dp: int
+    tp: int
+    ep: int
+    etp: int
+
+    @classmethod
+    def check(cls, dp: int, tp: int, ep: int, etp: int) -> ExpertLayout:
+        """The layout, or a one-line ConfigError naming the values that do not fit."""
+        for key, value in (("parallel.ep", ep), ("parallel.etp", etp)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key}={value!r} must be a positive integer")
+        if etp not in (1, tp):
+            raise ConfigError(f"parallel.etp={etp}: expert TP is 1 or parallel.tp={tp} (null: parallel.tp); other "
+                              f"expert-TP sizes are not supported")
+        if (dp * tp // etp) % ep:
+            raise ConfigError(f"parallel.ep={ep} does not divide dp*tp/etp={dp}*{tp}/{etp}={dp * tp // etp} "
+                              f"(Megatron's expert grid is etp x ep x expert-dp)")
+        return cls(dp, tp, ep, etp)
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp
+
+    @property
+    def edp(self) -> int:
+        """The expert-data-parallel size: world / (etp · ep)."""
+        return self.world // (self.etp * self.ep)
+
+    def rank_of(self, edp_rank: int, ep_rank: int, etp_rank: int) -> int:
+        """The global rank at (``edp_rank``, ``ep_rank``, ``etp_rank``)."""
+        return etp_rank + self.etp * (ep_rank + self.ep * edp_rank)
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(edp_rank, ep_rank, etp_rank) of global ``rank``."""
+        rest, etp_rank = divmod(rank, self.etp)
+        edp_rank, ep_rank = divmod(rest, self.ep)
+        return edp_rank, ep_rank, etp_rank
+
+    def ep_group(self, edp_rank: int, etp_rank: int) -> list[int]:
+        """The EP group at (``edp_rank``, ``etp_rank``): one rank per EP rank, in order."""
+        return [self.rank_of(edp_rank, e, etp_rank) for e in range(self.ep)]
+
+    def edp_group(self, ep_rank: int, etp_rank: int) -> list[int]:
+        """The expert-DP group holding EP rank ``ep_rank``'s experts at expert-TP rank ``etp_rank``."""
+        return [self.rank_of(d, ep_rank, etp_rank) for d in range(self.edp)]
+
+    def etp_group(self, edp_rank: int, ep_rank: int) -> list[int]:
+        """The expert-TP group at (``edp_rank``, ``ep_rank``)."""
+        return [self.rank_of(edp_rank, ep_rank, t) for t in range(self.etp)]
+
+    def groups(self) -> dict[GroupId, list[int]]:
+        """Every expert group by id: ``("ep", edp_rank·etp + etp_rank)``, ``("edp", ep_rank·etp +
+        etp_rank)`` and ``("etp", edp_rank·ep + ep_rank)``."""
+        out: dict[GroupId, list[int]] = {}
+        for d in range(self.edp):
+            for t in range(self.etp):
+                out[("ep", d * self.etp + t)] = self.ep_group(d, t)
+        for e in range(self.ep):
+            for t in range(self.etp):
+                out[("edp", e * self.etp + t)] = self.edp_group(e, t)
+        for d in range(self.edp):
+            for e in range(self.ep):
+                out[("etp", d * self.ep + e)] = self.etp_group(d, e)
         return out

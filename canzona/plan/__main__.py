@@ -46,7 +46,7 @@ def plan_json(plan: Plan, metrics: PlanMetrics, path: CriticalPath) -> dict:
             )
     from canzona.plan.registry import rung
 
-    return {
+    doc = {
         "method": plan.method,
         "method_dp": plan.dp_strategy,
         "method_tp": plan.tp_strategy,
@@ -70,6 +70,16 @@ def plan_json(plan: Plan, metrics: PlanMetrics, path: CriticalPath) -> dict:
         ],
         "plan_seconds": plan.plan_seconds,
     }
+    if plan.experts is not None:
+        # an MoE model's expert matrices join ``params`` (with ``expert``, ``ep_rank``, ``dp_owner``
+        # as the expert-DP rank and ``ranks``, the global ranks computing it); the ``experts``
+        # section gives the grid, the expert buckets and their imbalance
+        from canzona.plan.expert_report import expert_params, expert_summary
+
+        params.extend(expert_params(plan.experts))
+        doc["experts"] = expert_summary(plan)
+        doc["plan_seconds"] = plan.plan_seconds + plan.experts.plan_seconds
+    return doc
 
 
 def _names(spec: ParamSpec) -> list[str]:
@@ -108,6 +118,11 @@ def render_table(cfg: TrialConfig, plan: Plan, m: PlanMetrics, path: CriticalPat
             f"{r['dp_rank']:>4} {r['tp_rank']:>3} {r['compute']:>12.4g} {r['compute'] / total:>7.2%} "
             f"{r['numel']:>13,} {r['send_bytes'] / 1e6:>9.1f} {r['recv_bytes'] / 1e6:>9.1f}"
         )
+    if plan.experts is not None:
+        from canzona.plan.expert_report import render_experts
+
+        lines.insert(2, "dense params only in the imbalance and the rank table below (counted programs); experts after them")
+        lines += render_experts(plan)
     return "\n".join(lines)
 
 
@@ -132,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg, args = parse_cli(argv, flags=("--json",), options=("--program",))
-        plan = make_plan(cfg)
+        plan = make_plan(cfg, experts=True)
         rank = _program_rank(args.options.get("--program"), plan.rank_layout.world)
+        if rank is not None and plan.experts is not None:
+            raise ConfigError(f"--program with model={cfg.model.name}: lowering MoE experts to per-rank programs "
+                              f"is not supported yet")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -93,24 +93,26 @@ def _blend(bucket: Bucket, bounds: list[int], cost: dict[int, float], total_cost
     return alpha * costs / total_cost + (1.0 - alpha) * elems / bucket.numel
 
 
-def _greedy_fill(weights: np.ndarray, offsets: np.ndarray, bound: float) -> list[int] | None:
+def _greedy_fill(weights: Sequence[float], offsets: Sequence[float], bound: float) -> list[int] | None:
     """Contiguous in-order split of `weights` over ranks with `offsets[r] + load_r <= bound`.
 
     Each rank takes as long a prefix of what is left as fits; a rank that cannot fit the next
     item takes nothing. Returns the P+1 cut indices into the item list, or None if infeasible.
+    Plain Python floats (the same IEEE doubles as numpy's): buckets hold a handful of params, so
+    array calls would cost more than the arithmetic (an MoE expert buffer has hundreds of buckets).
     """
     p, n = len(offsets), len(weights)
-    slack = bound - offsets
+    slack = [bound - o for o in offsets]
     tol = 1e-12 * max(abs(bound), 1.0)  # relative: costs can be ~1e14 flops, sums round
     cuts, i, r = [0], 0, 0
     while i < n:
-        # next rank (from r) that can take item i at all
-        fits = np.flatnonzero(slack[r:] >= weights[i] - tol)
-        if fits.size == 0:
+        # ranks (from r) that cannot take item i at all take nothing
+        need = weights[i] - tol
+        while r < p and slack[r] < need:
+            cuts.append(i)
+            r += 1
+        if r == p:
             return None
-        nr = r + int(fits[0])
-        cuts.extend([i] * (nr - r))
-        r = nr
         room = slack[r]
         while i < n and weights[i] <= room + tol:
             room -= weights[i]
@@ -128,15 +130,17 @@ def minmax_split(weights: np.ndarray, offsets: np.ndarray, rel_tol: float = 1e-9
     total = float(weights.sum())
     lo = max(float(offsets.min()) + float(weights.max(initial=0.0)), float(offsets.sum() + total) / len(offsets))
     hi = float(offsets.max()) + total
-    best = _greedy_fill(weights, offsets, hi)
+    w, off = weights.tolist(), offsets.tolist()
+    best = _greedy_fill(w, off, hi)
     assert best is not None
-    if _greedy_fill(weights, offsets, lo) is not None:
-        return _greedy_fill(weights, offsets, lo)  # type: ignore[return-value]
+    at_lo = _greedy_fill(w, off, lo)
+    if at_lo is not None:
+        return at_lo
     for _ in range(100):
         if hi - lo <= rel_tol * max(hi, 1e-300):
             break
         mid = 0.5 * (lo + hi)
-        got = _greedy_fill(weights, offsets, mid)
+        got = _greedy_fill(w, off, mid)
         if got is None:
             lo = mid
         else:

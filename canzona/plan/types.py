@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from canzona.inventory import ParamSpec
-from canzona.layout import RankLayout
+from canzona.layout import ExpertLayout, RankLayout
 from canzona.plan.buckets import BufferLayout
 from canzona.plan.tp import MicroGroup
 
@@ -166,6 +166,9 @@ class Plan(_Sized):
     cost_source: str = ""
     dp_strategy: str = ""  # `canzona.plan.registry.DP_STRATEGIES` name
     tp_strategy: str = ""  # `canzona.plan.registry.TP_STRATEGIES` name
+    # An MoE model's expert matrices, planned on their own buffer over the expert-DP groups
+    # (`ExpertPlan`); ``params`` above then holds the dense (non-expert) params only.
+    experts: ExpertPlan | None = None
 
     @property
     def every_rank_updates_all(self) -> bool:
@@ -187,3 +190,35 @@ class Plan(_Sized):
 
     def uses_matrix_rule(self, index: int) -> bool:
         return self.matrix_rule and self.params[index].kind == "matrix"
+
+
+@dataclass(frozen=True)
+class ExpertPlan:
+    """The expert buffer's plan (`canzona.plan.experts`): per EP rank, a `Plan` of the experts it
+    holds over its expert-data-parallel group (its ``dp`` is the expert-DP size, its ``tp`` the
+    expert-TP size, its ``params`` that EP rank's expert matrices in inventory order), made by the
+    same DP and TP strategies as the dense plan. Megatron keeps expert params in a buffer of
+    their own, reduced over the expert-DP group with their own buckets (``bucket.expert_size``).
+    Every expert-DP group of one EP rank (one per expert-TP rank) runs that EP rank's plan."""
+
+    layout: ExpertLayout
+    index: tuple[tuple[int, ...], ...]  # per EP rank: the inventory index of each of its plan's params
+    plans: tuple[Plan, ...]  # per EP rank
+    bucket_size: int
+    plan_seconds: float = 0.0
+
+    def placement(self) -> dict[int, tuple[int, int, int | None, int | None]]:
+        """inventory index -> (EP rank, position in that rank's plan, expert-DP owner, expert-TP
+        owner); an owner None: every rank of that axis (sync), or split elementwise (adamw)."""
+        out = {}
+        for e, (index, plan) in enumerate(zip(self.index, self.plans)):
+            for k, i in enumerate(index):
+                out[i] = (e, k, plan.dp_owner[k], plan.tp_owner[k] if plan.uses_matrix_rule(k) else None)
+        return out
+
+    def computing_ranks(self, ep_rank: int, dp_owner: int | None, tp_owner: int | None) -> list[int]:
+        """The global ranks that compute (a part of) an update placed so (`placement`)."""
+        lay = self.layout
+        return [lay.rank_of(d, ep_rank, t)
+                for d in (range(lay.edp) if dp_owner is None else (dp_owner,))
+                for t in (range(lay.etp) if tp_owner is None else (tp_owner,))]

@@ -473,7 +473,7 @@ def test_cli_json() -> None:
         (["model=qwen3-70b"], "qwen3-0.6b"),
         (["method=zero3"], "canzona, sync, layerwise, adamw"),
         (["optimizer=lion"], "muon"),
-        (["parallel.dpp=2"], "allowed under parallel: dp, sequence_parallel, tp"),
+        (["parallel.dpp=2"], "allowed under parallel: dp, ep, etp, sequence_parallel, tp"),
         (["model=qwen3-8b", "parallel.tp=16"], "kv_heads"),
         (["--yaml"], "--json"),
     ],
