@@ -20,7 +20,8 @@ from torch import Tensor
 
 from canzona.optim.spec import OptimizerDef, Option, Settings, Shape
 
-__all__ = ["OptimizerDef", "Option", "Settings", "Shape", "UpdateRule", "apply_update", "check_matrices"]
+__all__ = ["OptimizerDef", "Option", "Settings", "Shape", "UpdateRule", "apply_update", "check_matrices",
+           "equal_shape_groups"]
 
 
 class UpdateRule(ABC):
@@ -78,3 +79,12 @@ def check_matrices(grads: Sequence[Tensor], rule: str) -> None:
     for g in grads:
         if g.ndim != 2:
             raise ValueError(f"{rule} needs 2-D matrices, got a tensor of shape {tuple(g.shape)}")
+
+
+def equal_shape_groups(tensors: Sequence[Tensor]) -> list[list[int]]:
+    """Indices of ``tensors`` grouped by (shape, dtype, device), groups in order of first
+    appearance and indices in order within a group: what one stacked kernel can take."""
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((tuple(t.shape), t.dtype, t.device), []).append(i)
+    return list(groups.values())
