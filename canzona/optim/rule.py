@@ -47,7 +47,9 @@ class UpdateRule(ABC):
         learning-rate scale, so the caller only does ``apply_update(param, U, lr, wd)``.
         State tensors are updated in place (never rebound), so callers may keep them as views
         into their own buffers. A tensor's direction and state never depend on the other
-        tensors of the call (each is computed alone), so any owner may batch any subset.
+        tensors of the call (each is computed alone), so any owner may batch any subset. An
+        opt-in batched path (Muon's ``batch_equal_shapes``) keeps the state bit for bit and the
+        direction to a stated tolerance only.
         """
 
     def step(
