@@ -6,7 +6,9 @@ update never depends on the other matrices of the call, bit for bit. With
 call (an MoE rank's experts, a dense model's layers) are stacked and orthogonalised by one
 ``newton_schulz(..., stacked=True)``, equal to the one-at-a-time update up to rounding only.
 The momentum buffers are updated matrix by matrix on both paths (elementwise, so
-bit-identical): only the Newton–Schulz iteration differs.
+bit-identical): only the Newton–Schulz iteration differs. The price is transient memory: a
+group's stack and its iteration's workspace (a few times the group's matrices) are alive at
+once, where the default holds one matrix's; a dry run measures it as it runs.
 """
 
 from __future__ import annotations
