@@ -56,6 +56,11 @@ MUON_OPTIONS = (
     # float32 for parity tests, bfloat16 as torch.optim.Muon does.
     Option("ns_dtype", str, "float32", "Newton-Schulz matmul dtype", choices=NS_DTYPE_NAMES),
     Option("lr_adjust", str, "original", "shape-dependent lr scale (torch.optim.Muon)", choices=LR_ADJUSTS),
+    # off by default: a stacked GEMM is equal to one GEMM per matrix up to rounding only, and the
+    # parity tests check the distributed methods bit for bit (canzona.optim.newton_schulz).
+    Option("batch_equal_shapes", bool, False, "one stacked Newton-Schulz (bmm) per group of equal-shape matrices "
+           "a rank updates together (MoE experts, a dense model's layers): the per-call overhead once per group; "
+           "equal to one-at-a-time up to rounding, not bit for bit"),
 )
 
 MUON = OptimizerDef(

@@ -1,7 +1,14 @@
 """Muon: momentum, then Newton–Schulz orthogonalisation, with torch.optim.Muon's arithmetic.
 
-Matrices are updated one at a time (see `canzona.optim.newton_schulz`): a matrix's update never
-depends on the other matrices of the call, and no call stacks all equal-shape matrices at once.
+By default matrices are updated one at a time (see `canzona.optim.newton_schulz`): a matrix's
+update never depends on the other matrices of the call, bit for bit. With
+``batch_equal_shapes`` (``optimizer.batch_equal_shapes=true``) the equal-shape matrices of one
+call (an MoE rank's experts, a dense model's layers) are stacked and orthogonalised by one
+``newton_schulz(..., stacked=True)``, equal to the one-at-a-time update up to rounding only.
+The momentum buffers are updated matrix by matrix on both paths (elementwise, so
+bit-identical): only the Newton–Schulz iteration differs. The price is transient memory: a
+group's stack and its iteration's workspace (a few times the group's matrices) are alive at
+once, where the default holds one matrix's; a dry run measures it as it runs.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from torch import Tensor
 from canzona.optim.definitions import LR_ADJUSTS
 from canzona.optim.definitions import muon_flops as flops  # noqa: F401  (the cost of one update)
 from canzona.optim.newton_schulz import NS_DTYPES, newton_schulz
-from canzona.optim.rule import Settings, UpdateRule, check_matrices
+from canzona.optim.rule import Settings, UpdateRule, check_matrices, equal_shape_groups
 
 
 def lr_scale(shape: tuple[int, ...], lr_adjust: str) -> float:
@@ -43,6 +50,7 @@ class Muon(UpdateRule):
         ns_eps: float = 1e-7,
         ns_dtype: str = "float32",
         lr_adjust: str = "original",
+        batch_equal_shapes: bool = False,
     ) -> None:
         if ns_dtype not in NS_DTYPES:
             raise ValueError(f"ns_dtype={ns_dtype!r}; choose one of {', '.join(NS_DTYPES)}")
@@ -54,6 +62,7 @@ class Muon(UpdateRule):
         self.ns_eps = ns_eps
         self.ns_dtype = NS_DTYPES[ns_dtype]
         self.lr_adjust = lr_adjust
+        self.batch_equal_shapes = batch_equal_shapes
 
     @classmethod
     def from_config(cls, opt: Settings) -> Muon:
@@ -65,6 +74,7 @@ class Muon(UpdateRule):
             ns_eps=opt.ns_eps,
             ns_dtype=opt.ns_dtype,
             lr_adjust=opt.lr_adjust,
+            batch_equal_shapes=opt.batch_equal_shapes,
         )
 
     def init_state(
@@ -74,11 +84,38 @@ class Muon(UpdateRule):
 
     def directions(self, grads: list[Tensor], states: list[dict[str, Tensor]], step: int) -> list[Tensor]:
         check_matrices(grads, "Muon")
+        if self.batch_equal_shapes:
+            return self._batched_directions(grads, states)
         out = []
         for grad, state in zip(grads, states, strict=True):
-            buf = state["momentum_buffer"]
-            buf.lerp_(grad, 1 - self.momentum)
-            update = grad.lerp(buf, self.momentum) if self.nesterov else buf
-            ortho = newton_schulz(update, self.ns_coefficients, self.ns_steps, self.ns_eps, self.ns_dtype)
-            out.append(ortho.to(grad.dtype).mul_(lr_scale(tuple(grad.shape), self.lr_adjust)))
+            ortho = self._orthogonalise(self._momentum(grad, state))
+            out.append(self._scaled(ortho, grad))
         return out
+
+    def _batched_directions(self, grads: list[Tensor], states: list[dict[str, Tensor]]) -> list[Tensor]:
+        """One stacked Newton–Schulz per group of equal-shape matrices; a group of one takes the
+        exact 2-D path, so a call without two equal shapes is the default path bit for bit."""
+        out: list[Tensor | None] = [None] * len(grads)
+        for group in equal_shape_groups(grads):
+            if len(group) == 1:
+                (i,) = group
+                out[i] = self._scaled(self._orthogonalise(self._momentum(grads[i], states[i])), grads[i])
+                continue
+            stack = torch.stack([self._momentum(grads[i], states[i]) for i in group])
+            orthos = newton_schulz(stack, self.ns_coefficients, self.ns_steps, self.ns_eps, self.ns_dtype,
+                                   stacked=True)
+            for i, ortho in zip(group, orthos):
+                out[i] = self._scaled(ortho, grads[i])
+        return out  # type: ignore[return-value]  # every index is in one group
+
+    def _momentum(self, grad: Tensor, state: dict[str, Tensor]) -> Tensor:
+        """Update the momentum buffer in place; the (Nesterov) update to orthogonalise."""
+        buf = state["momentum_buffer"]
+        buf.lerp_(grad, 1 - self.momentum)
+        return grad.lerp(buf, self.momentum) if self.nesterov else buf
+
+    def _orthogonalise(self, update: Tensor) -> Tensor:
+        return newton_schulz(update, self.ns_coefficients, self.ns_steps, self.ns_eps, self.ns_dtype)
+
+    def _scaled(self, ortho: Tensor, grad: Tensor) -> Tensor:
+        return ortho.to(grad.dtype).mul_(lr_scale(tuple(grad.shape), self.lr_adjust))

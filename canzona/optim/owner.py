@@ -2,7 +2,8 @@
 single-process reference, so they cannot drift apart.
 
 `MatrixUpdates` turns full gradients of matrices into full updates: one call of the rule over
-all matrices given (each computed alone, so any owner may take any subset), a fused matrix
+all matrices given (each computed alone, so any owner may take any subset; Muon's opt-in
+``batch_equal_shapes`` stacks equal shapes, exact to rounding only), a fused matrix
 optimised as its logical sub-matrices when the inventory lists them (``split_fused``), and the
 state kept per (param, sub-matrix). `ElementwiseUpdates` runs AdamW's fused, slice-invariant
 step on targets of any shape: whole tensors, TP shards, or flat ZeRO-1 slices cut anywhere.

@@ -20,7 +20,8 @@ from torch import Tensor
 
 from canzona.optim.spec import OptimizerDef, Option, Settings, Shape
 
-__all__ = ["OptimizerDef", "Option", "Settings", "Shape", "UpdateRule", "apply_update", "check_matrices"]
+__all__ = ["OptimizerDef", "Option", "Settings", "Shape", "UpdateRule", "apply_update", "check_matrices",
+           "equal_shape_groups"]
 
 
 class UpdateRule(ABC):
@@ -46,7 +47,9 @@ class UpdateRule(ABC):
         learning-rate scale, so the caller only does ``apply_update(param, U, lr, wd)``.
         State tensors are updated in place (never rebound), so callers may keep them as views
         into their own buffers. A tensor's direction and state never depend on the other
-        tensors of the call (each is computed alone), so any owner may batch any subset.
+        tensors of the call (each is computed alone), so any owner may batch any subset. An
+        opt-in batched path (Muon's ``batch_equal_shapes``) keeps the state bit for bit and the
+        direction to a stated tolerance only.
         """
 
     def step(
@@ -78,3 +81,12 @@ def check_matrices(grads: Sequence[Tensor], rule: str) -> None:
     for g in grads:
         if g.ndim != 2:
             raise ValueError(f"{rule} needs 2-D matrices, got a tensor of shape {tuple(g.shape)}")
+
+
+def equal_shape_groups(tensors: Sequence[Tensor]) -> list[list[int]]:
+    """Indices of ``tensors`` grouped by (shape, dtype, device), groups in order of first
+    appearance and indices in order within a group: what one stacked kernel can take."""
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((tuple(t.shape), t.dtype, t.device), []).append(i)
+    return list(groups.values())

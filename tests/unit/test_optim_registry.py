@@ -41,9 +41,9 @@ def test_section_has_every_registered_key_flat() -> None:
     for d in registry.REGISTERED:
         for o in d.options:
             assert fields[o.name].default == o.default, o.name
-    # the user-visible keys of before stay as they were, plus blocking and clipping
+    # the user-visible keys of before stay as they were, plus blocking, clipping and batching
     assert {"name", "lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_coefficients", "ns_eps",
-            "ns_dtype", "lr_adjust", "adamw_lr", "betas", "eps", "precondition_frequency", "shampoo_eps",
+            "ns_dtype", "lr_adjust", "batch_equal_shapes", "adamw_lr", "betas", "eps", "precondition_frequency", "shampoo_eps",
             "max_preconditioner_dim", "clip_grad", "clip_norm_dtype"} == set(fields)
     cfg = load_config(["optimizer=soap", "optimizer.max_preconditioner_dim=512", "optimizer.ns_steps=3",
                        "optimizer.betas=[0.8,0.99]", "optimizer.lr=0.5"])
