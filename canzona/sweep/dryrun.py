@@ -70,15 +70,20 @@ class DryRunBackend(Backend):
     tails = False  # the ranks' output is in dryrun.txt
     redraw_s = 2.0
 
-    def open(self, total: int) -> None:
+    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
+        super().__init__(plan, log_root)
         self.cores = rank_slots()
-        self.slots = threading.BoundedSemaphore(self.cores)
+        self.slots = threading.BoundedSemaphore(self.cores)  # one per core, shared by every trial's ranks
+        self._pool: ThreadPoolExecutor | None = None
+
+    def open(self, total: int) -> None:
         # trials in flight: enough that every core has a rank while one trial is between its ranks
         # (planning, checking, reporting) -- a trial dry-runs two ranks by default
         self.capacity = min(total, self.cores // 2 + 1)
         self._pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="dryrun")
 
     def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
+        assert self._pool is not None, "open() first"
         handles: list[RunHandle] = []
         for run, rdir in runs:
             future = self._pool.submit(_dry_run_one, run, rdir, self.slots)
@@ -92,7 +97,8 @@ class DryRunBackend(Backend):
         return f", {self.capacity} at a time, {self.cores} rank(s) at once"
 
     def close(self, handles: list[RunHandle]) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def memory_table(plan: SweepPlan, runs: list[TrialRun]) -> str:
