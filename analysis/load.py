@@ -44,6 +44,7 @@ import yaml
 from canzona.errors import ConfigError
 from canzona.layout import RankLayout
 from canzona.records import CONFIG_FILE, STATUS_FILE, STEP_FIELDS, STEPS_FILE, SUMMARY_FILE
+from canzona.sweep.bookkeeping import SWEEP_FILE
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
 
@@ -252,7 +253,7 @@ def sweep_manifest_text(root: Path) -> str | None:
     """What the last sweep into ``root`` wrote of itself (``sweep.json``: sweep, profile, cluster,
     settings, when), as YAML for the report's provenance; its trial and run lists as counts."""
     try:
-        manifest = json.loads((root / "sweep.json").read_text())
+        manifest = json.loads((root / SWEEP_FILE).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(manifest, dict):
@@ -281,7 +282,7 @@ def _when(v: Any) -> datetime | None:
 
 def read_manifest(root: Path) -> dict[str, Any]:
     try:
-        m = json.loads((Path(root) / "sweep.json").read_text())
+        m = json.loads((Path(root) / SWEEP_FILE).read_text())
     except (OSError, ValueError):
         return {}
     return m if isinstance(m, dict) else {}

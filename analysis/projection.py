@@ -19,17 +19,23 @@ from __future__ import annotations
 import json
 import math
 import re
-import statistics
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from analysis.load import Sweep, TrialRecords
-from analysis.stats import POINT_BASE, _variant, baselines_in, method_order, point_extra_columns, rungs_of
+from analysis.stats import (
+    POINT_BASE,
+    _variant,
+    baselines_in,
+    comparisons,
+    method_order,
+    point_extra_columns,
+    rungs_of,
+)
 from canzona.plan.registry import LADDER
-from canzona.records import PHASES
+from canzona.records import DRYRUN_JSON, PHASES, STATUS_FILE, SUMMARY_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_PROFILE = REPO / "profiles" / "local.yaml"
@@ -62,10 +68,6 @@ def _nan(v: Any) -> float:
     except (TypeError, ValueError):
         return math.nan
     return f
-
-
-def _ratio(num: float, den: float) -> float:
-    return num / den if den and not math.isnan(num) and not math.isnan(den) and den > 0 else math.nan
 
 
 def _clean(v: Any) -> Any:
@@ -117,44 +119,27 @@ def _points(df: pd.DataFrame, config_columns: list[str]) -> list[str]:
     return pcols
 
 
-def _at(df: pd.DataFrame, point: dict[str, Any], cols: Iterable[str]) -> pd.DataFrame:
-    for c in cols:
-        v = point[c]
-        df = df[df[c].isna()] if v is None or (isinstance(v, float) and math.isnan(v)) else df[df[c] == v]
-    return df
-
-
 def _size_order(df: pd.DataFrame) -> dict[str, float]:
     return df.groupby("model")["model_params"].max().fillna(float("inf")).to_dict()
 
 
 def speedup_rows(df: pd.DataFrame, pcols: list[str]) -> list[dict[str, Any]]:
-    """Per point x canzona variant: canzona's values, and per baseline (and variant) its values
-    and the ratios (speedup = baseline ÷ canzona; overhead vs adamw = canzona ÷ adamw, adamw
-    matched on model and layout whatever its optimizer name)."""
-    keep = list(dict.fromkeys([*pcols, "method", "variant", "trial_id", "n_ranks", "model_params",
-                               *(f"{m}_median" for m in METRICS)]))
-    ok = df.loc[df["usable"].astype(bool), keep]  # narrow first: the point lookups below filter it often
-    can = ok[ok["method"] == "canzona"]
-    no_opt = [c for c in pcols if not c.startswith("optimizer.")]
+    """The projected `stats.comparisons` (point values, no interval) per point x canzona variant:
+    canzona's values, and per baseline (and variant) its values and the ratios (speedup =
+    baseline ÷ canzona; overhead vs adamw = canzona ÷ adamw)."""
+    df.attrs["point_columns"] = pcols
+    first = {tid: i for i, tid in enumerate(df["trial_id"])}
     rows = []
-    for key, cg in can.groupby([*pcols, "variant"], dropna=False, sort=False):
-        point = dict(zip(pcols, key[:-1]))
-        c = {m: statistics.median(cg[f"{m}_median"]) for m in METRICS}
-        row: dict[str, Any] = {"point": {k: _clean(v) for k, v in point.items()}, "variant": key[-1],
-                               "canzona": c, "trial_ids": list(cg["trial_id"]),
-                               "gpus": int(cg["n_ranks"].max()), "model_params": float(cg["model_params"].max()),
-                               "cells": {}}
-        for b in (*baselines_in(ok["method"].unique()), "adamw"):
-            bg_all = _at(ok[ok["method"] == b], point, no_opt if b == "adamw" else pcols)
-            cells = []
-            for bv, bg in bg_all.groupby("variant", dropna=False, sort=True):
-                vals = {m: statistics.median(bg[f"{m}_median"]) for m in METRICS}
-                ratio = {m: (_ratio(c[m], vals[m]) if b == "adamw" else _ratio(vals[m], c[m])) for m in METRICS}
-                cells.append({"baseline": b, "variant": str(bv), "values": vals, "ratio": ratio,
-                              "trial_ids": list(bg["trial_id"])})
-            row["cells"][b] = cells
-        rows.append(row)
+    for c in comparisons(df):
+        cells = {b: [{"baseline": b, "variant": cell.variant, "trial_ids": cell.trial_ids,
+                      "values": {m: r.baseline_median for m, r in cell.ratios.items()},
+                      "ratio": {m: r.value for m, r in cell.ratios.items()}} for cell in cs]
+                 for b, cs in c.cells.items()}
+        rows.append({"point": {k: _clean(v) for k, v in c.point.items()}, "variant": c.variant,
+                     "canzona": c.canzona, "trial_ids": list(c.trials["trial_id"]),
+                     "gpus": int(c.trials["n_ranks"].max()), "model_params": float(c.trials["model_params"].max()),
+                     "cells": cells})
+    rows.sort(key=lambda r: first[r["trial_ids"][0]])  # ties of the order below: the trials' order
     order = _size_order(df)
     rows.sort(key=lambda r: (order.get(r["point"].get("model"), float("inf")), str(r["point"].get("model")),
                              r["gpus"], r["point"].get("parallel.tp") or 0, str(r["point"].get("optimizer.name")),
@@ -217,11 +202,11 @@ def dry_run_fits(sweep_path: Path, limits: dict[str, float | None]) -> dict[str,
     folder = sweep_path.resolve().parent / (name.rsplit("-sim-", 1)[0] + "-dryrun")
     out: dict[str, dict[str, Any]] = {}
     for tid, config_limit in limits.items():
-        status = _read_json(folder / tid / "status.json")
+        status = _read_json(folder / tid / STATUS_FILE)
         if not status or status.get("status") not in ("done", "failed"):
             continue
-        summary = _read_json(folder / tid / "summary.json") or {}
-        report = _read_json(folder / tid / "dryrun.json") or {}
+        summary = _read_json(folder / tid / SUMMARY_FILE) or {}
+        report = _read_json(folder / tid / DRYRUN_JSON) or {}
         peaks = summary.get("peak_gib") or [r["memory"]["peak_bytes"] / 2**30 for r in report.get("ranks", [])]
         error = str(status.get("error") or "")
         if status["status"] == "failed" and "run out of memory" not in error:

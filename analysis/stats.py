@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -312,53 +313,122 @@ def ratio_with_ci(num: list[np.ndarray], den: list[np.ndarray], seed: int = 0, n
     return value, float(lo), float(hi)
 
 
-def speedup_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
-    """Rows: canzona group x comparison (vs sync, vs layerwise: speedup; vs adamw: overhead)
-    x metric. Columns: point columns, canzona_variant, comparison, baseline, baseline_variant,
-    metric, kind, value, ci_low, ci_high, paired (repetitions resampled together, see the module
-    docstring), canzona_median, baseline_median, n_trials_canzona, n_trials_baseline,
-    n_steps_canzona, n_steps_baseline."""
+@dataclass
+class Ratio:
+    """One metric of one comparison: ``value`` = numerator median ÷ denominator median
+    (speedup: baseline ÷ canzona; overhead: canzona ÷ adamw), its interval (NaN without samples),
+    and what it was computed from."""
+
+    value: float
+    ci_low: float
+    ci_high: float
+    paired: bool
+    canzona_median: float
+    baseline_median: float
+    n_trials_canzona: int
+    n_trials_baseline: int
+    n_steps_canzona: int
+    n_steps_baseline: int
+
+
+@dataclass
+class Cell:
+    """canzona against one baseline (and baseline variant) at one point."""
+
+    baseline: str
+    variant: str
+    kind: str  # speedup | overhead
+    trial_ids: list[str]
+    ratios: dict[str, Ratio]  # metric -> its ratio
+
+
+@dataclass
+class Comparison:
+    """One canzona group (point x canzona variant) and its cells per baseline: every baseline
+    `baselines_in` names, then adamw; a baseline without trials at the point has none."""
+
+    point: dict[str, object]
+    variant: str
+    trials: pd.DataFrame  # the canzona group's trials
+    canzona: dict[str, float]  # metric -> the group's median
+    cells: dict[str, list[Cell]]
+
+
+def _group_samples(g: pd.DataFrame, metric: str, per_step: pd.DataFrame | None) -> list[np.ndarray]:
+    """Per trial of `g` its values of `metric`: its measured steps, or (no per_step: projected
+    trials, one value each) its ``<metric>_median``."""
+    if per_step is not None:
+        return _samples(per_step, g["trial_id"], metric)
+    return [np.array([v]) for v in pd.to_numeric(g[f"{metric}_median"], errors="coerce") if not math.isnan(v)]
+
+
+def _median(samples: list[np.ndarray]) -> float:
+    return float(np.median(np.concatenate(samples))) if samples else math.nan
+
+
+def _ratio(cg: pd.DataFrame, bg: pd.DataFrame, metric: str, kind: str, per_step: pd.DataFrame | None) -> Ratio:
+    pairs = _paired(cg, bg, per_step, metric) if per_step is not None else None
+    cs, bs = pairs if pairs is not None else (_group_samples(cg, metric, per_step), _group_samples(bg, metric, per_step))
+    num, den = (cs, bs) if kind == "overhead" else (bs, cs)
+    if per_step is not None:
+        value, lo, hi = ratio_with_ci(num, den, paired=pairs is not None)
+    else:  # point values: no interval
+        n, d = _median(num), _median(den)
+        value, lo, hi = (n / d if d > 0 else math.nan), math.nan, math.nan
+    return Ratio(value=value, ci_low=lo, ci_high=hi, paired=pairs is not None, canzona_median=_median(cs),
+                 baseline_median=_median(bs), n_trials_canzona=len(cs), n_trials_baseline=len(bs),
+                 n_steps_canzona=int(sum(a.size for a in cs)), n_steps_baseline=int(sum(a.size for a in bs)))
+
+
+def comparisons(trials: pd.DataFrame, per_step: pd.DataFrame | None = None) -> list[Comparison]:
+    """canzona against every baseline at every point of `trials` (point columns in
+    ``trials.attrs["point_columns"]``), in point order: speedup over each baseline (baseline ÷
+    canzona), overhead over adamw (canzona ÷ adamw, adamw matched on model and layout whatever
+    its optimizer). ``per_step`` (`step_values`): the measured trials' steps, each ratio then with
+    its bootstrap interval (paired where the repetitions allow); None: projected trials, one
+    value per trial (``<metric>_median``), point ratios without an interval."""
     pcols = trials.attrs["point_columns"]
-    ok = trials[trials["source"] == "steps"]
+    ok = trials[trials["usable"].astype(bool)]
+    if per_step is not None:
+        ok = ok[ok["source"] == "steps"]
+    keep = [*pcols, "method", "variant", "trial_id", "config_id", "repeat", "n_ranks", "model_params",
+            *(f"{m}_median" for m in METRICS)]
+    ok = ok[[c for c in dict.fromkeys(keep) if c in ok]]  # narrow first: the point lookups filter it often
+    no_opt = [c for c in pcols if not c.startswith("optimizer.")]
+    baselines = [*baselines_in(ok["method"].unique()), "adamw"]
+    out = []
+    for key, cg in ok[ok["method"] == "canzona"].groupby([*pcols, "variant"], dropna=False, sort=True):
+        point = dict(zip(pcols, key[:-1]))
+        cells: dict[str, list[Cell]] = {}
+        for b in baselines:
+            kind = "overhead" if b == "adamw" else "speedup"
+            at = _at_point(ok[ok["method"] == b], point, no_opt if b == "adamw" else pcols)
+            cells[b] = [Cell(b, str(bv), kind, list(bg["trial_id"]), {m: _ratio(cg, bg, m, kind, per_step) for m in METRICS})
+                        for bv, bg in at.groupby("variant", dropna=False, sort=True)]
+        canzona = {m: _median(_group_samples(cg, m, per_step)) for m in METRICS}
+        out.append(Comparison(point, key[-1], cg, canzona, cells))
+    return out
+
+
+def speedup_table(trials: pd.DataFrame, per_step: pd.DataFrame) -> pd.DataFrame:
+    """The measured `comparisons` as rows: canzona group x comparison (vs each baseline:
+    speedup; vs adamw: overhead) x metric. Columns: point columns, canzona_variant, comparison,
+    baseline, baseline_variant, metric, kind, value, ci_low, ci_high, verdict, paired (repetitions
+    resampled together, see the module docstring), canzona_median, baseline_median,
+    n_trials_canzona, n_trials_baseline, n_steps_canzona, n_steps_baseline."""
+    pcols = trials.attrs["point_columns"]
     cols = [*pcols, "canzona_variant", "comparison", "baseline", "baseline_variant", "metric", "kind",
             "value", "ci_low", "ci_high", "verdict", "paired", "canzona_median", "baseline_median", "n_trials_canzona",
             "n_trials_baseline", "n_steps_canzona", "n_steps_baseline"]
     rows = []
-    can = ok[ok["method"] == "canzona"]
-    no_opt = [c for c in pcols if not c.startswith("optimizer.")]
-    for key, cg in can.groupby([*pcols, "variant"], dropna=False, sort=True):
-        point = dict(zip(pcols, key[:-1]))
-        cmp: list[tuple[str, str, str, pd.DataFrame]] = []
-        for b in baselines_in(ok["method"].unique()):
-            bg_all = _at_point(ok[ok["method"] == b], point, pcols)
-            for bv, bg in bg_all.groupby("variant", dropna=False, sort=True):
-                cmp.append((f"canzona vs {b}", b, str(bv), bg))
-        ag = _at_point(ok[ok["method"] == "adamw"], point, no_opt)
-        if len(ag):
-            cmp.append(("canzona overhead vs adamw", "adamw", "", ag))
-        for comparison, b, bv, bg in cmp:
-            for m in METRICS:
-                pairs = _paired(cg, bg, per_step, m)
-                if pairs is not None:
-                    cs, bs = pairs
-                else:
-                    cs = _samples(per_step, cg["trial_id"], m)
-                    bs = _samples(per_step, bg["trial_id"], m)
-                if b == "adamw":
-                    value, lo, hi = ratio_with_ci(cs, bs, paired=pairs is not None)
-                    kind = "overhead"
-                else:
-                    value, lo, hi = ratio_with_ci(bs, cs, paired=pairs is not None)
-                    kind = "speedup"
-                r = dict(point)
-                r.update(canzona_variant=key[-1], comparison=comparison, baseline=b, baseline_variant=bv,
-                         metric=m, kind=kind, value=value, ci_low=lo, ci_high=hi, verdict=verdict(kind, lo, hi),
-                         paired=pairs is not None,
-                         canzona_median=float(np.median(np.concatenate(cs))) if cs else math.nan,
-                         baseline_median=float(np.median(np.concatenate(bs))) if bs else math.nan,
-                         n_trials_canzona=len(cs), n_trials_baseline=len(bs),
-                         n_steps_canzona=int(sum(a.size for a in cs)), n_steps_baseline=int(sum(a.size for a in bs)))
-                rows.append(r)
+    for c in comparisons(trials, per_step):
+        for b, cells in c.cells.items():
+            comparison = "canzona overhead vs adamw" if b == "adamw" else f"canzona vs {b}"
+            for cell in cells:
+                for m, r in cell.ratios.items():
+                    rows.append({**c.point, "canzona_variant": c.variant, "comparison": comparison, "baseline": b,
+                                 "baseline_variant": cell.variant, "metric": m, "kind": cell.kind,
+                                 **asdict(r), "verdict": verdict(cell.kind, r.ci_low, r.ci_high)})
     return _sorted(pd.DataFrame(rows, columns=cols), trials, pcols)
 
 

@@ -12,11 +12,14 @@ under ``results/<sweep>/<run>/``.
 - `jobshape`     Slurm job shapes and the layout checks.
 - `lock`         one sweep at a time per results folder.
 - `bookkeeping`  run folders: status.json, stdout/stderr tails, what a rerun must run.
-- `launch`       the submitit job callable and the local / debug / slurm backends.
-- `handles`      a submitted job: done or not, its error in one line.
+- `backend`      what the run loop needs of a cluster (`Backend`).
+- `loop`         the one run loop: status.json per run, progress, failures, Ctrl-C, the closing line.
+- `launch`       the submitit job callable, the local / debug / slurm backends, `make_backend`.
+- `handles`      a submitted run: done or not, its error in one line.
 - `slurm_state`  Slurm's end state of a job (CANCELLED, TIMEOUT, ...) for the error.
 - `sbatch`       sbatch scripts of a Slurm dry run.
-- `project`      ``cluster=simulate``: projections instead of runs.
+- `project`      ``cluster=simulate``: projections instead of runs (`SimulateBackend`).
+- `dryrun`       ``cluster=dryrun``: dry runs instead of runs (`DryRunBackend`), the memory table.
 - `progress`     live progress line and the end-of-sweep summary table.
 - `cli`          ``python sweeps/run.py sweep=NAME [key=value ...]``.
 """

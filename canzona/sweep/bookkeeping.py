@@ -32,7 +32,11 @@ from typing import Any
 
 from canzona.records import STATUS_FILE, SUMMARY_FILE, atomic_write_json, atomic_write_text
 
-STATUS, SUMMARY = STATUS_FILE, SUMMARY_FILE  # the records' names (`canzona.records`), as bk.STATUS / bk.SUMMARY
+# TODO: move to `canzona.records` beside the trial folder's names (not edited in this change).
+SWEEP_FILE = "sweep.json"  # the sweep's manifest, in the results folder
+PROFILE_FILE = "profile.yaml"  # a projected sweep's device profile, in the results folder
+DRYRUN_CSV = "dryrun.csv"  # a dry-run sweep's memory table, in the results folder
+STDOUT_FILE, STDERR_FILE = "stdout.txt", "stderr.txt"  # a run's log tails, in its folder
 TAIL_LINES = 200
 TAIL_BYTES = 64_000
 
@@ -54,7 +58,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_status(trial_dir: Path) -> dict[str, Any] | None:
-    return read_json(Path(trial_dir) / STATUS)
+    return read_json(Path(trial_dir) / STATUS_FILE)
 
 
 def trial_state(trial_dir: Path) -> str:
@@ -64,7 +68,7 @@ def trial_state(trial_dir: Path) -> str:
     s = (status or {}).get("status")
     if s == "failed":
         return FAILED
-    if (trial_dir / SUMMARY).is_file():
+    if (trial_dir / SUMMARY_FILE).is_file():
         return DONE
     if s in ("running", "done"):  # running: sweep gone; done without summary: records lost
         return STALE
@@ -114,7 +118,7 @@ def write_status(trial_dir: Path, status: str, **fields: Any) -> dict[str, Any]:
         rec.setdefault("host", socket.gethostname())
         if _invocation is not None:
             rec["invocation"] = _invocation
-    atomic_write_json(Path(trial_dir) / STATUS, rec)
+    atomic_write_json(Path(trial_dir) / STATUS_FILE, rec)
     return rec
 
 
@@ -141,7 +145,7 @@ def tail_text(path: Path, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) 
 
 def write_tails(trial_dir: Path, stdout: list[Path], stderr: list[Path], note: str = "") -> None:
     """stdout.txt / stderr.txt: the tail of each rank's log, with a header per rank if several."""
-    for name, paths in (("stdout.txt", stdout), ("stderr.txt", stderr)):
+    for name, paths in ((STDOUT_FILE, stdout), (STDERR_FILE, stderr)):
         parts = []
         for rank, p in enumerate(paths):
             text = tail_text(p)
@@ -158,4 +162,4 @@ def write_tails(trial_dir: Path, stdout: list[Path], stderr: list[Path], note: s
 
 
 def load_summary(trial_dir: Path) -> dict[str, Any] | None:
-    return read_json(Path(trial_dir) / SUMMARY)
+    return read_json(Path(trial_dir) / SUMMARY_FILE)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
@@ -21,14 +20,14 @@ from canzona.errors import ConfigError
 from canzona.records import atomic_write_json, atomic_write_text, writable_folder
 from canzona.sim.profile import Profile, load_profile
 from canzona.sweep import bookkeeping as bk
-from canzona.sweep.dryrun import dry_run_trials, memory_table
+from canzona.sweep.dryrun import memory_table
 from canzona.sweep.expand import build_plan
-from canzona.sweep.handles import RunHandle
 from canzona.sweep.jobshape import JobShape, slurm_shape
-from canzona.sweep.launch import make_backend, run_stamp, submitit_parameters
+from canzona.sweep.launch import backend_class, make_backend, run_stamp, submitit_parameters
 from canzona.sweep.lock import ResultsLock
-from canzona.sweep.progress import Progress, fmt_duration, summary_table, table
-from canzona.sweep.project import project_trials, stale_trials
+from canzona.sweep.loop import log_root, run_loop
+from canzona.sweep.progress import summary_table, table
+from canzona.sweep.project import stale_trials
 from canzona.sweep.sbatch import write_sbatch_files
 from canzona.sweep.sweepfile import CONFIGS_DIR, available_sweeps, load_sweep_file
 from canzona.sweep.trials import SweepPlan, TrialRun
@@ -114,7 +113,7 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
         states.update({rid: bk.STALE for rid in restale})
     to_run = [r for r in runs if bk.should_run(states[r.id], s.rerun)]
     skipped = len(runs) - len(to_run)
-    verb = "to project" if sim_prof is not None else ("to dry-run" if s.cluster == "dryrun" else "to run")
+    verb = f"to {backend_class(s).verb}"
     count = f"{len(plan.trials)} trials" + (f" x {plan.repeats} repeats = {len(runs)} runs" if plan.repeats > 1 else "")
     head = (
         f"sweep {plan.sweep}"
@@ -133,8 +132,8 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
     manifest = _manifest(plan, runs, sim_prof, invocation)
     if sim_prof is not None:
         # the profile itself, beside the projections it made (provenance)
-        atomic_write_text(rd / "profile.yaml", yaml.safe_dump(sim_prof.raw, sort_keys=False))
-    atomic_write_json(rd / "sweep.json", manifest)
+        atomic_write_text(rd / bk.PROFILE_FILE, yaml.safe_dump(sim_prof.raw, sort_keys=False))
+    atomic_write_json(rd / bk.SWEEP_FILE, manifest)
     run_ids = {r.id for r in to_run}
     for r in runs:
         if states[r.id] == bk.DONE and r.id not in run_ids:
@@ -151,12 +150,8 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
         )
     out.flush()
 
-    if sim_prof is not None:
-        code = project_trials(plan, to_run, skipped, sim_prof, out)
-    elif s.cluster == "dryrun":
-        code = dry_run_trials(plan, to_run, skipped, out)
-    else:
-        code = _execute(plan, to_run, skipped, out, invocation)
+    backend = make_backend(plan, log_root(rd, invocation), sim_prof)
+    code = run_loop(plan, backend, to_run, skipped, out)
     if code == 130:
         return code
     final = {r.id: bk.trial_state(rd / r.id) for r in runs}
@@ -165,11 +160,11 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
         done=sum(v == bk.DONE for v in final.values()),
         failed=sum(v != bk.DONE for v in final.values()),
     )
-    atomic_write_json(rd / "sweep.json", manifest)
+    atomic_write_json(rd / bk.SWEEP_FILE, manifest)
     failed = any(v != bk.DONE for v in final.values())
     if s.cluster == "dryrun":  # memory per rank, not timings: a table and dryrun.csv, no HTML report
         print(memory_table(plan, runs), file=out)
-        print(rd / "dryrun.csv", file=out)
+        print(rd / bk.DRYRUN_CSV, file=out)
         return 1 if failed else 0
     print(summary_table(rd, runs), file=out)
     out.flush()
@@ -180,7 +175,7 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
 def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_prof: Profile | None, invocation: str) -> dict:
     """sweep.json: what this sweep is, its settings and its trials with their run folders, this
     invocation and every earlier one on this results folder (a resumed sweep)."""
-    earlier = bk.read_json(plan.results_dir / "sweep.json") or {}
+    earlier = bk.read_json(plan.results_dir / bk.SWEEP_FILE) or {}
     folders: dict[str, list[str]] = {}
     for r in runs:
         folders.setdefault(r.trial.id, []).append(r.id)
@@ -202,100 +197,6 @@ def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_prof: Profile | None, i
     if sim_prof is not None:
         manifest.update(projected=True, sim_profile=sim_prof.describe())
     return manifest
-
-
-def _execute(plan: SweepPlan, to_run: list[TrialRun], skipped: int, out: TextIO, invocation: str) -> int:
-    s = plan.settings
-    rd = plan.results_dir.resolve()
-    if not to_run:
-        print("[sweep] nothing to run: every run is already recorded (rerun=all to run them again)", file=out)
-        return 0
-    log_root = rd / "submitit" / invocation
-    backend = make_backend(plan, log_root)
-    parallel = s.local.parallel if s.cluster == "local" else (1 if s.cluster == "debug" else len(to_run))
-    progress = Progress(len(to_run), skipped=skipped, parallel=parallel, stream=out)
-    queue = list(to_run)
-    running: list[RunHandle] = []
-    submitted: list[RunHandle] = []
-    try:
-        while queue or running:
-            free = backend.capacity - len(running)
-            if queue and free > 0:
-                batch, queue = queue[:free], queue[free:]
-                for r in batch:
-                    bk.prepare(rd / r.id)
-                handles, failures = backend.submit([(r, rd / r.id) for r in batch])
-                for h in handles:
-                    bk.write_status(
-                        h.run_dir,
-                        "running",
-                        error=None,
-                        job_id=h.job_id,
-                        started=bk.now(),
-                        ended=None,
-                        cluster=s.cluster,
-                        log_dir=h.log_dir,
-                        **h.run.record(),
-                    )
-                    progress.start(h.run.id)
-                    running.append(h)
-                    submitted.append(h)
-                for r, err in failures:
-                    bk.write_status(
-                        rd / r.id,
-                        "failed",
-                        error=err,
-                        started=bk.now(),
-                        ended=bk.now(),
-                        cluster=s.cluster,
-                        **r.record(),
-                    )
-                    progress.finish(r.id, False, f"[sweep] FAILED {r.id}: {err}")
-            finished = [h for h in running if h.done()]
-            for h in finished:
-                running.remove(h)
-                _finalize(h, progress)
-            progress.refresh()
-            if running and not finished:
-                time.sleep(s.poll_s)
-    except KeyboardInterrupt:
-        for h in running:
-            h.cancel()
-            bk.write_status(
-                h.run_dir,
-                "failed",
-                error="interrupted (sweep stopped by the user; job cancelled)",
-                ended=bk.now(),
-            )
-        progress.close()
-        print(
-            f"[sweep] interrupted: cancelled {len(running)} running job(s); rerun the same command to resume",
-            file=out,
-        )
-        return 130
-    finally:
-        progress.close()
-        backend.close(submitted)
-    return 0
-
-
-def _finalize(h: RunHandle, progress: Progress) -> None:
-    err = h.error
-    if err is None and not (h.run_dir / bk.SUMMARY).is_file():
-        err = "the trial ended without writing summary.json"
-    note = "(cluster=debug: the trial's output went to the console)" if h.cluster == "debug" else ""
-    try:
-        stdout, stderr = h.log_paths()
-        bk.write_tails(h.run_dir, stdout, stderr, note=note)
-    except Exception as e:  # noqa: BLE001 - missing logs must not lose the status
-        bk.write_tails(h.run_dir, [], [], note=f"logs unavailable: {e}")
-    wall = time.monotonic() - h.t0
-    bk.write_status(h.run_dir, "failed" if err else "done", error=err, ended=bk.now(), wall_s=round(wall, 2))
-    rid = h.run.id
-    if err:
-        progress.finish(rid, False, f"[sweep] FAILED {rid} ({fmt_duration(wall)}): {err}")
-    else:
-        progress.finish(rid, True, f"[sweep] done {rid} ({fmt_duration(wall)})")
 
 
 # --------------------------------------------------------------------------- list=true

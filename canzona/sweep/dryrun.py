@@ -20,14 +20,14 @@ import csv
 import io
 import os
 import threading
-import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from canzona.records import atomic_write_json, atomic_write_text
+from canzona.records import DRYRUN_JSON, SUMMARY_FILE, atomic_write_json, atomic_write_text
 from canzona.sweep import bookkeeping as bk
-from canzona.sweep.progress import Progress, fmt_duration
+from canzona.sweep.backend import Backend, Submitted
+from canzona.sweep.handles import FutureHandle, RunHandle, wait_any
 from canzona.sweep.trials import SweepPlan, TrialRun
 
 GIB = 2**30
@@ -45,73 +45,60 @@ def rank_slots() -> int:
     return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
 
 
-def _dry_run_one(t: TrialRun, folder: Path, slots: threading.Semaphore) -> tuple[dict[str, Any], str | None]:
-    """One trial's dry run (in a worker thread): its report and error (None: it passed)."""
+def _dry_run_one(t: TrialRun, folder: Path, slots: threading.Semaphore) -> str | None:
+    """One trial's dry run (in a worker thread) into `folder`: its error, None if it passed
+    (its summary.json then written, last)."""
     from canzona.trial.dryrun import dry_run_trial
 
     try:
         report = dry_run_trial(t.cfg, t.cfg.dist.dry_run_ranks, folder, slots=slots)
-        return report, ("; ".join(report["errors"]) if report.get("errors") else None)
     except Exception as e:  # noqa: BLE001 - recorded on the trial, the sweep goes on
-        return {}, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    if report.get("errors"):
+        return "; ".join(report["errors"])
+    atomic_write_json(folder / SUMMARY_FILE, {"dry_run": True, "peak_gib": _peaks(report), "config": t.cfg.to_dict(),
+                                              "report": DRYRUN_JSON})
+    return None
 
 
-def dry_run_trials(plan: SweepPlan, to_run: list[TrialRun], skipped: int, out: TextIO) -> int:
-    """Dry-run `to_run` into the sweep folder; 0, or 130 if interrupted."""
-    rd = plan.results_dir.resolve()
-    if not to_run:
-        print("[sweep] nothing to dry-run: every trial is already recorded (rerun=all to run them again)", file=out)
-        return 0
-    cores = rank_slots()
-    slots = threading.BoundedSemaphore(cores)
-    # trials in flight: enough that every core has a rank while one trial is between its ranks
-    # (planning, checking, reporting) -- a trial dry-runs two ranks by default
-    parallel = min(len(to_run), cores // 2 + 1)
-    progress = Progress(len(to_run), skipped=skipped, parallel=parallel, stream=out, min_interval_s=2.0)
-    clock = time.monotonic()
-    t0: dict[str, float] = {}
+class DryRunBackend(Backend):
+    """``cluster=dryrun``: a few trials in flight in threads of this process, their ranks
+    sharing `rank_slots` cores (one `threading.BoundedSemaphore` for the whole sweep)."""
 
-    def started(t: TrialRun) -> None:
-        folder = rd / t.id
-        bk.prepare(folder)
-        bk.write_status(folder, "running", error=None, job_id=None, started=bk.now(), ended=None,
-                        cluster="dryrun", **t.record())
-        t0[t.id] = time.monotonic()
-        progress.start(t.id)
+    cluster = "dryrun"
+    verb, past, noun = "dry-run", "dry-ran", "trial"
+    tails = False  # the ranks' output is in dryrun.txt
+    redraw_s = 2.0
 
-    def finished(t: TrialRun, report: dict[str, Any], err: str | None) -> None:
-        folder = rd / t.id
-        wall = time.monotonic() - t0.pop(t.id)
-        if err is None:
-            atomic_write_json(folder / bk.SUMMARY, {"dry_run": True, "peak_gib": _peaks(report),
-                                                    "config": t.cfg.to_dict(), "report": "dryrun.json"})
-        bk.write_status(folder, "failed" if err else "done", error=err, ended=bk.now(), wall_s=round(wall, 3))
-        progress.finish(t.id, err is None, f"[sweep] FAILED {t.id} ({fmt_duration(wall)}): {err}" if err else None)
+    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
+        super().__init__(plan, log_root)
+        self.cores = rank_slots()
+        self.slots = threading.BoundedSemaphore(self.cores)  # one per core, shared by every trial's ranks
+        self._pool: ThreadPoolExecutor | None = None
 
-    try:
-        with ThreadPoolExecutor(parallel, thread_name_prefix="dryrun") as pool:
-            queue = list(to_run)
-            order = {id(t): k for k, t in enumerate(to_run)}
-            running: dict[Future, TrialRun] = {}
-            while queue or running:
-                while queue and len(running) < parallel:  # status "running" only once it is handed out
-                    t = queue.pop(0)
-                    started(t)
-                    running[pool.submit(_dry_run_one, t, rd / t.id, slots)] = t
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                for f in sorted(done, key=lambda f: order[id(running[f])]):
-                    t = running.pop(f)
-                    finished(t, *f.result())
-    except KeyboardInterrupt:
-        for tid in list(t0):  # handed out, not finished
-            bk.write_status(rd / tid, "failed", error="interrupted (sweep stopped by the user)", ended=bk.now())
-        progress.close()
-        print(f"[sweep] interrupted: {len(t0)} dry run(s) stopped; rerun the same command to resume", file=out)
-        return 130
-    progress.close()
-    print(f"[sweep] dry-ran {progress.finished} trial(s) in {fmt_duration(time.monotonic() - clock)}, {parallel} at a "
-          f"time, {cores} rank(s) at once; {progress.failed} failed", file=out)
-    return 0
+    def open(self, total: int) -> None:
+        # trials in flight: enough that every core has a rank while one trial is between its ranks
+        # (planning, checking, reporting) -- a trial dry-runs two ranks by default
+        self.capacity = min(total, self.cores // 2 + 1)
+        self._pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="dryrun")
+
+    def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
+        assert self._pool is not None, "open() first"
+        handles: list[RunHandle] = []
+        for run, rdir in runs:
+            future = self._pool.submit(_dry_run_one, run, rdir, self.slots)
+            handles.append(FutureHandle(run, rdir, future, self.cluster, "dry-run worker failed"))
+        return handles, []
+
+    def wait(self, running: list[RunHandle], timeout_s: float) -> None:
+        wait_any(running, timeout_s)
+
+    def describe(self) -> str:
+        return f", {self.capacity} at a time, {self.cores} rank(s) at once"
+
+    def close(self, handles: list[RunHandle]) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def memory_table(plan: SweepPlan, runs: list[TrialRun]) -> str:
@@ -135,7 +122,7 @@ def memory_table(plan: SweepPlan, runs: list[TrialRun]) -> str:
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["trial"])
     writer.writeheader()
     writer.writerows(rows)
-    atomic_write_text(Path(rd) / "dryrun.csv", buf.getvalue())
+    atomic_write_text(Path(rd) / bk.DRYRUN_CSV, buf.getvalue())
     width = max((len(x["trial"]) for x in rows), default=5)
     lines = [f"{'trial':<{width}}  {'dp':>3} {'tp':>2}  {'peak GiB/rank':>13}  80 GiB  141 GiB"]
     for x in rows:

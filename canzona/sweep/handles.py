@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -83,9 +85,9 @@ class RunHandle(Protocol):
     t0: float
 
     @property
-    def job_id(self) -> str: ...
+    def job_id(self) -> str | None: ...
     @property
-    def log_dir(self) -> str: ...
+    def log_dir(self) -> str | None: ...
     @property
     def error(self) -> str | None: ...
     def done(self) -> bool: ...
@@ -159,3 +161,65 @@ class JobHandle:
             self.job.cancel(check=False)
         except Exception:  # noqa: BLE001 - best effort on interrupt
             pass
+
+
+class InlineFuture:
+    """A call made in this process the first time its result is asked for, with the
+    `concurrent.futures.Future` methods `FutureHandle` uses (a pool of one: no worker)."""
+
+    def __init__(self, fn: Callable[..., str | None], *args: Any) -> None:
+        self._call: Callable[[], str | None] | None = lambda: fn(*args)
+        self._result: str | None = None
+
+    def done(self) -> bool:
+        if self._call is not None:
+            call, self._call = self._call, None
+            self._result = call()
+        return True
+
+    def result(self) -> str | None:
+        self.done()
+        return self._result
+
+    def cancel(self) -> bool:
+        self._call = None
+        return True
+
+
+@dataclass
+class FutureHandle:
+    """A run handed to a pool (`concurrent.futures`, or an `InlineFuture`) whose call returns the
+    run's error, None if it passed. An exception out of the call itself -- the pool's worker
+    died -- is the run's error, prefixed with ``lost`` (e.g. ``projection worker failed``)."""
+
+    run: TrialRun
+    run_dir: Path
+    future: Future | InlineFuture
+    cluster: str
+    lost: str
+    t0: float = field(default_factory=time.monotonic)
+    job_id: None = None
+    log_dir: None = None
+    error: str | None = None
+
+    def done(self) -> bool:
+        if not self.future.done():
+            return False
+        try:
+            self.error = self.future.result()
+        except Exception as e:  # noqa: BLE001 - e.g. the worker ran out of memory
+            self.error = f"{self.lost}: {type(e).__name__}: {e}"
+        return True
+
+    def log_paths(self) -> tuple[list[Path], list[Path]]:
+        return [], []
+
+    def cancel(self) -> None:
+        self.future.cancel()
+
+
+def wait_any(running: list[RunHandle], timeout_s: float) -> None:
+    """Until one of the pool futures of `running` is done, at most `timeout_s`."""
+    futures = [h.future for h in running if isinstance(h, FutureHandle) and isinstance(h.future, Future)]
+    if futures:
+        wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)

@@ -1,7 +1,10 @@
 """Launching runs: one backend per cluster, and the submitit job callable.
 
 Every run (one repetition of a trial, `canzona.sweep.trials.TrialRun`) is one job; a backend
-submits runs and returns a `canzona.sweep.handles.RunHandle` per job.
+(`canzona.sweep.backend.Backend`) submits runs and returns a `canzona.sweep.handles.RunHandle`
+per job, which the run loop (`canzona.sweep.loop`) polls. `make_backend` also gives the
+backends of ``cluster=simulate`` (`canzona.sweep.project`) and ``cluster=dryrun``
+(`canzona.sweep.dryrun`).
 
 - ``cluster=local``  ``local.mode=worker`` (default): `canzona.sweep.worker` -- long-lived
   worker processes, each running `canzona.trial.launch.run_trial` for one run after another, so
@@ -35,16 +38,18 @@ from typing import Any
 import submitit
 
 from canzona.net import free_port
+from canzona.sim.profile import Profile
+from canzona.sweep.backend import Backend, Submitted
+from canzona.sweep.dryrun import DryRunBackend
 from canzona.sweep.handles import JobHandle, RunHandle, traceback_line
 from canzona.sweep.jobshape import JobShape, slurm_shape
 from canzona.sweep.procs import kill_descendants
+from canzona.sweep.project import SimulateBackend
 from canzona.sweep.sbatch import checkout_pythonpath_line
 from canzona.sweep.settings import SweepSettings, time_minutes
 from canzona.sweep.slurm_state import SlurmStates
 from canzona.sweep.trials import SweepPlan, TrialRun
 from canzona.sweep.worker import Worker
-
-Submitted = tuple[list[RunHandle], list[tuple[TrialRun, str]]]  # handles, (run, error) refused
 
 
 class TrialTask(submitit.helpers.Checkpointable):
@@ -99,28 +104,15 @@ def task_config(run: TrialRun, run_dir: Path) -> dict[str, Any]:
     return d
 
 
-class Backend:
-    capacity: int = 1 << 30
-    cluster = ""
-
-    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
-        self.plan = plan
-        self.settings: SweepSettings = plan.settings
-        self.log_root = log_root
-
-    def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
-        raise NotImplementedError
-
-    def close(self, handles: list[RunHandle]) -> None:
-        pass
-
-
 class LocalBackend(Backend):
     cluster = "local"
 
     def __init__(self, plan: SweepPlan, log_root: Path) -> None:
         super().__init__(plan, log_root)
         self.capacity = plan.settings.local.parallel
+
+    def describe(self) -> str:
+        return f", {self.capacity} at a time" if self.capacity > 1 else ""
 
     def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
         loc = self.settings.local
@@ -200,15 +192,12 @@ class WorkerRunHandle:
             self.backend.release(self.worker, reuse=False)
 
 
-class WorkerBackend(Backend):
+class WorkerBackend(LocalBackend):
     """``local.mode=worker``: up to ``local.parallel`` long-lived `Worker` processes, each
     running one run at a time (see `canzona.sweep.worker` for why)."""
 
-    cluster = "local"
-
     def __init__(self, plan: SweepPlan, log_root: Path) -> None:
         super().__init__(plan, log_root)
-        self.capacity = plan.settings.local.parallel
         self._idle: list[Worker] = []
         self._all: list[Worker] = []
 
@@ -365,11 +354,22 @@ def _in_squeue(ids: set[str]) -> set[str]:
     return {i for i in ids if i in listed}
 
 
-def make_backend(plan: SweepPlan, log_root: Path) -> Backend:
-    s = plan.settings
-    if s.cluster == "local" and s.local.mode == "worker":
-        return WorkerBackend(plan, log_root)
-    return {"local": LocalBackend, "debug": DebugBackend, "slurm": SlurmBackend}[s.cluster](plan, log_root)
+def backend_class(settings: SweepSettings) -> type[Backend]:
+    """The backend of ``cluster`` (and ``local.mode``)."""
+    if settings.cluster == "local" and settings.local.mode == "worker":
+        return WorkerBackend
+    return {"local": LocalBackend, "debug": DebugBackend, "slurm": SlurmBackend, "simulate": SimulateBackend,
+            "dryrun": DryRunBackend}[settings.cluster]
+
+
+def make_backend(plan: SweepPlan, log_root: Path, sim_profile: Profile | None = None) -> Backend:
+    """The plan's backend; `sim_profile`: the device profile a ``cluster=simulate`` sweep projects with."""
+    cls = backend_class(plan.settings)
+    if cls is SimulateBackend:
+        if sim_profile is None:
+            raise ValueError("cluster=simulate needs the device profile to project with")
+        return SimulateBackend(plan, log_root, sim_profile)
+    return cls(plan, log_root)
 
 
 def run_stamp() -> str:

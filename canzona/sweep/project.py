@@ -16,15 +16,15 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
-import time
 import traceback
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from canzona.sim.profile import Profile
 from canzona.sweep import bookkeeping as bk
-from canzona.sweep.progress import Progress, fmt_duration
+from canzona.sweep.backend import Backend, Submitted
+from canzona.sweep.handles import FutureHandle, InlineFuture, RunHandle, wait_any
 from canzona.sweep.trials import SweepPlan, TrialRun
 
 _PROFILE: Profile | None = None  # the worker's profile (set once per process)
@@ -36,25 +36,23 @@ def _init(profile: Profile) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _project_one(config: dict[str, Any], out: str) -> dict[str, Any]:
-    """Project one trial into `out`; returns ``{"error": None | str, "iteration_ms", ...}``."""
+def _project_one(config: dict[str, Any], out: str) -> str | None:
+    """Project one trial into `out`; its error as one line, None if it was written."""
     from canzona.config import load_config
     from canzona.sim.simulate import write_trial
 
     assert _PROFILE is not None
     try:
         cfg = load_config(base={k: v for k, v in config.items() if k != "out"})
-        s = write_trial(cfg, _PROFILE, out)
-        return {"error": None, "iteration_ms": s["iteration_ms"], "optimizer_step_ms": s["optimizer_step_ms"]}
+        write_trial(cfg, _PROFILE, out)
+        return None
     except Exception as e:  # noqa: BLE001 - recorded on the trial, the sweep goes on
         tb = traceback.format_exc()
         try:
-            Path(out, "stderr.txt").write_text(tb)
+            Path(out, bk.STDERR_FILE).write_text(tb)
         except OSError:
             pass
-        return {
-            "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:2000]
-        }
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:2000]
 
 
 def stale_trials(plan: SweepPlan, profile: Profile, states: dict[str, str]) -> list[str]:
@@ -82,91 +80,47 @@ def _context() -> mp.context.BaseContext:
     return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
-def project_trials(plan: SweepPlan, to_run: list[TrialRun], skipped: int, profile: Profile, out: TextIO) -> int:
-    """Project `to_run` into the sweep folder; 0, or 130 if interrupted."""
-    rd = plan.results_dir.resolve()
-    if not to_run:
-        print(
-            "[sweep] nothing to project: every trial is already recorded (rerun=all to project them again)",
-            file=out,
-        )
-        return 0
-    workers = _workers(plan, len(to_run))
-    # one line per failure, the counts at most every 2 s: a projection is 100+ trials in seconds
-    progress = Progress(len(to_run), skipped=skipped, parallel=workers, stream=out, min_interval_s=2.0)
-    clock = time.monotonic()
-    base = {
-        "cluster": "simulate",
-        "projected": True,
-        "sim_profile": profile.name,
-        "sim_profile_source": profile.source,
-        "sim_profile_path": profile.path,
-        "profile_fingerprint": profile.fingerprint,
-    }
-    t0: dict[str, float] = {}
+class SimulateBackend(Backend):
+    """``cluster=simulate``: every run a projection, in `_workers` worker processes forked once
+    for the sweep (in this process when that is one)."""
 
-    def started(t: TrialRun) -> None:
-        bk.prepare(rd / t.id)
-        bk.write_status(
-            rd / t.id, "running", error=None, job_id=None, started=bk.now(), ended=None, **t.record(), **base
-        )
-        t0[t.id] = time.monotonic()
-        progress.start(t.id)
+    cluster = "simulate"
+    verb, past, noun = "project", "projected", "trial"
+    tails = False  # no launcher logs: a failed projection leaves its traceback in stderr.txt itself
+    redraw_s = 2.0  # a projection is 100+ trials in seconds
 
-    def finished(t: TrialRun, res: dict[str, Any]) -> None:
-        err = res.get("error")
-        if err is None and not (rd / t.id / bk.SUMMARY).is_file():
-            err = "the projection ended without writing summary.json"
-        wall = time.monotonic() - t0.pop(t.id, time.monotonic())
-        bk.write_status(
-            rd / t.id, "failed" if err else "done", error=err, ended=bk.now(), wall_s=round(wall, 3)
-        )
-        if err:
-            progress.finish(t.id, False, f"[sweep] FAILED {t.id} ({fmt_duration(wall)}): {err}")
+    def __init__(self, plan: SweepPlan, log_root: Path, profile: Profile) -> None:
+        super().__init__(plan, log_root)
+        self.profile = profile
+        self._pool: ProcessPoolExecutor | None = None
+
+    def open(self, total: int) -> None:
+        self.capacity = _workers(self.plan, total)
+        if self.capacity == 1:
+            _init(self.profile)
         else:
-            progress.finish(t.id, True, None)
+            self._pool = ProcessPoolExecutor(self.capacity, mp_context=_context(), initializer=_init,
+                                             initargs=(self.profile,))
 
-    running: dict[Future, TrialRun] = {}
-    try:
-        if workers == 1:
-            _init(profile)
-            for t in to_run:
-                started(t)
-                finished(t, _project_one(t.cfg.to_dict(), str(rd / t.id)))
-            return 0
-        with ProcessPoolExecutor(
-            workers, mp_context=_context(), initializer=_init, initargs=(profile,)
-        ) as pool:
-            queue = list(to_run)
-            while queue or running:
-                while queue and len(running) < workers:  # status "running" only while a worker has it
-                    t = queue.pop(0)
-                    started(t)
-                    running[pool.submit(_project_one, t.cfg.to_dict(), str(rd / t.id))] = t
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                for f in done:
-                    t = running.pop(f)
-                    try:
-                        res = f.result()
-                    except Exception as e:  # noqa: BLE001 - a worker died (e.g. out of memory)
-                        res = {"error": f"projection worker failed: {type(e).__name__}: {e}"}
-                    finished(t, res)
-    except KeyboardInterrupt:
-        for tid in list(t0):  # started, not finished
-            bk.write_status(
-                rd / tid, "failed", error="interrupted (sweep stopped by the user)", ended=bk.now()
-            )
-        progress.close()
-        print(
-            f"[sweep] interrupted: {len(t0)} projection(s) stopped; rerun the same command to resume",
-            file=out,
-        )
-        return 130
-    finally:
-        progress.close()
-    print(
-        f"[sweep] projected {progress.done} trial(s) in {fmt_duration(time.monotonic() - clock)} with {workers} "
-        f"worker(s) on {profile.name} ({profile.source}); {progress.failed} failed",
-        file=out,
-    )
-    return 0
+    def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
+        handles: list[RunHandle] = []
+        for run, rdir in runs:
+            args = (run.cfg.to_dict(), str(rdir))
+            future = InlineFuture(_project_one, *args) if self._pool is None else self._pool.submit(_project_one, *args)
+            handles.append(FutureHandle(run, rdir, future, self.cluster, "projection worker failed"))
+        return handles, []
+
+    def wait(self, running: list[RunHandle], timeout_s: float) -> None:
+        wait_any(running, timeout_s)
+
+    def status_fields(self) -> dict[str, Any]:
+        p = self.profile
+        return {"projected": True, "sim_profile": p.name, "sim_profile_source": p.source, "sim_profile_path": p.path,
+                "profile_fingerprint": p.fingerprint}
+
+    def describe(self) -> str:
+        return f" with {self.capacity} worker(s) on {self.profile.name} ({self.profile.source})"
+
+    def close(self, handles: list[RunHandle]) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)

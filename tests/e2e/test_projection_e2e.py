@@ -113,3 +113,40 @@ def test_local_sweep_report_predicts_with_a_quick_calibration(tmp_path: Path) ->
     again = Page((tmp_path / "again" / "index.html").read_text())
     assert [(c["data-pv-method"], c["data-pv-field"], c["data-value"]) for c in again.having("data-pv-field")] == [
         (c["data-pv-method"], c["data-pv-field"], c["data-value"]) for c in cells]
+
+
+def test_sigint_to_a_projecting_sweep_records_the_running_trials_interrupted(tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) to ``sweeps/run.py cluster=simulate`` with two worker processes: exit 130,
+    the trials in flight recorded failed ("interrupted"), none left running, and the same command
+    resumes the rest."""
+    import signal
+    import time
+
+    args = ["sweep=qwen3_scaling", "profile=paper_projection", "size=0.6b", "sim.workers=2", f"results={tmp_path}"]
+    proc = subprocess.Popen([sys.executable, str(REPO / "sweeps" / "run.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 300
+        while not any('"done"' in p.read_text() for p in tmp_path.rglob("status.json")):  # under way
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith("[sweep] interrupted: stopped ") and last.endswith("rerun the same command to resume"), out
+    stopped = int(last.split("stopped ")[1].split()[0])
+    statuses = [json.loads(p.read_text()) for p in tmp_path.rglob("status.json")]
+    assert "running" not in {st["status"] for st in statuses}
+    failed = [st for st in statuses if st["status"] == "failed"]
+    assert 1 <= stopped == len(failed) and {st["error"] for st in failed} == {"interrupted (sweep stopped by the user)"}
+    done = sum(st["status"] == "done" for st in statuses)
+    total = int(out.split(": ", 1)[1].split(" trials")[0])
+    assert done + stopped < total  # interrupted before the end
+
+    r = _sweep(*args)  # resume: only what is not done is projected
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{total} trials, {total - done} to project, {done} skipped" in r.stdout, r.stdout

@@ -461,3 +461,30 @@ def test_headline_is_a_block_of_rows_per_point(tmp_path):
         assert body.count('rowspan="4"') >= 5  # model, optimizer, layout, setting, variant, latencies
         assert "train.<wbr>seq_<wbr>len&nbsp;= " in body
     assert "<th rowspan=\"2\">setting</th>" in table and table.count("<th") < 16
+
+
+def test_one_comparison_function_gives_intervals_only_from_samples(tmp_path):
+    """`stats.comparisons`: with the steps, each ratio has its bootstrap interval; without (a
+    projection's one value per trial), the same pairing gives point ratios of the trials' medians."""
+    gen = _gen()
+    root = tmp_path / "cmp"
+    for m in ("canzona", "sync", "adamw"):
+        gen.write_trial(root / m, gen.trial_config(m))
+    sweep = load_sweep(root)
+    per_step = stats.step_values(sweep.steps_df)
+    trials = stats.trial_table(sweep, per_step)
+    med = {m: trials.loc[trials["method"] == m].iloc[0] for m in ("canzona", "sync", "adamw")}
+    for samples in (per_step, None):
+        (c,) = stats.comparisons(trials, samples)
+        assert list(c.cells) == ["sync", "layerwise", "adamw"] and c.cells["layerwise"] == []
+        (sync,), (adamw,) = c.cells["sync"], c.cells["adamw"]
+        assert (sync.kind, adamw.kind) == ("speedup", "overhead")
+        for metric in stats.METRICS:
+            s, a = sync.ratios[metric], adamw.ratios[metric]
+            if samples is None:
+                can, base, ref = (float(med[k][f"{metric}_median"]) for k in ("canzona", "sync", "adamw"))
+                assert s.value == pytest.approx(base / can, rel=1e-12) and a.value == pytest.approx(can / ref, rel=1e-12)
+                assert math.isnan(s.ci_low) and math.isnan(s.ci_high) and s.n_steps_canzona == 1
+            else:
+                assert s.ci_low <= s.value <= s.ci_high and s.n_steps_canzona == 4
+                assert s.value == pytest.approx(s.baseline_median / s.canzona_median, rel=1e-12)

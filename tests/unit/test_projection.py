@@ -216,6 +216,35 @@ def test_a_failing_projection_is_recorded_and_the_sweep_goes_on(tmp_path: Path, 
     assert states == {"done", "failed"}
 
 
+def test_ctrl_c_marks_the_running_projection_interrupted_and_a_rerun_resumes(tmp_path: Path, monkeypatch) -> None:
+    import canzona.sim.simulate as sim
+
+    real = sim.write_trial
+    calls: list[str] = []
+
+    def interrupted(cfg, profile, out):
+        calls.append(cfg.method.label)
+        if len(calls) == 2:  # Ctrl-C while the second trial is projected
+            raise KeyboardInterrupt
+        return real(cfg, profile, out)
+
+    monkeypatch.setattr(sim, "write_trial", interrupted)
+    argv = ["sweep=qwen3_scaling", "profile=paper", "cluster=simulate", "size=0.6b", "layout=n1-dp8tp1",
+            "method=canzona,sync,layerwise", "sim.workers=1", f"results={tmp_path}"]
+    rc, lines = _run(argv)
+    assert rc == 130 and len(calls) == 2
+    assert lines[-1] == "[sweep] interrupted: stopped 1 running trial(s); rerun the same command to resume"
+    statuses = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.rglob("status.json")}
+    assert sorted(st["status"] for st in statuses.values()) == ["done", "failed"]  # the third never started
+    (failed,) = [st for st in statuses.values() if st["status"] == "failed"]
+    assert failed["error"] == "interrupted (sweep stopped by the user)" and failed["ended"]
+
+    monkeypatch.setattr(sim, "write_trial", real)
+    rc, lines = _run(argv)
+    assert rc == 0 and "3 trials, 2 to project, 1 skipped" in lines[0]
+    assert {json.loads(p.read_text())["status"] for p in tmp_path.rglob("status.json")} == {"done"}
+
+
 # ----------------------------------------------------------------------------- predicted vs measured
 
 

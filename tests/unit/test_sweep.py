@@ -727,3 +727,55 @@ def test_slurm_states_from_accounting_or_the_controller():
     # a job that ended on its own but left no result is given time for its result to appear
     slow = SlurmStates(interval_s=0.0, grace_s=0.0, lost_s=3600.0, run=lambda cmd: "5|COMPLETED|None\n")
     assert slow.ended_without_result("5") is None
+
+
+# --------------------------------------------------------------------------- the run loop
+class _Handle:
+    """A run that never ends by itself (the loop's view of any backend's handle)."""
+
+    def __init__(self, run, run_dir):
+        self.run, self.run_dir, self.cluster, self.t0 = run, run_dir, "fake", 0.0
+        self.job_id, self.log_dir, self.error, self.cancelled = f"job-{run.id}", None, None, False
+
+    def done(self):
+        return False
+
+    def log_paths(self):
+        return [], []
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_run_loop_on_ctrl_c_records_running_runs_interrupted_and_returns_130(tmp_path):
+    """Whatever the backend: Ctrl-C while runs are in flight stops them (cancel), records them
+    failed ("interrupted"), leaves the queued ones untouched, closes the backend and returns 130."""
+    from canzona.sweep.backend import Backend
+    from canzona.sweep.loop import INTERRUPTED, run_loop
+
+    class Fake(Backend):
+        capacity, cluster = 2, "fake"
+
+        def submit(self, runs):
+            return [_Handle(r, d) for r, d in runs], []
+
+        def wait(self, running, timeout_s):
+            raise KeyboardInterrupt
+
+        def close(self, handles):
+            self.closed = handles
+
+    p = plan("sweep=qwen3_scaling", f"results={tmp_path}")
+    runs = p.runs()[:3]
+    backend = Fake(p, tmp_path / "logs")
+    out = io.StringIO()
+    assert run_loop(p, backend, runs, 0, out) == 130
+    assert out.getvalue().splitlines()[-1] == (
+        "[sweep] interrupted: stopped 2 running run(s); rerun the same command to resume")
+    assert [h.run.id for h in backend.closed] == [r.id for r in runs[:2]] and all(h.cancelled for h in backend.closed)
+    for r in runs[:2]:
+        st = bk.read_status(p.results_dir / r.id)
+        assert st["status"] == "failed" and st["error"] == INTERRUPTED and st["job_id"] == f"job-{r.id}"
+        assert st["cluster"] == "fake" and st["trial_id"] == r.trial.id
+    assert not (p.results_dir / runs[2].id).exists()  # still queued: never started
+    assert bk.trial_state(p.results_dir / runs[0].id) == bk.FAILED  # a rerun runs it again

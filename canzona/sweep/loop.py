@@ -1,0 +1,107 @@
+"""The sweep's one run loop, whatever the cluster: hand runs to a `Backend` while it has room,
+poll their handles, and record each run's start and end in its folder.
+
+Per run: its folder emptied (`bookkeeping.prepare`), status.json ``running`` once the backend
+has it (``failed`` with the reason if the backend refused it), then ``done`` or ``failed`` with
+its error -- a run that ended without summary.json failed -- and the stdout/stderr tails of its
+logs. Progress: `canzona.sweep.progress.Progress`. Ctrl-C: every running run is stopped and
+recorded failed (``interrupted``), and the loop returns 130; rerunning the same command resumes.
+A closing line says how many runs ran, in how long, how, and how many failed.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TextIO
+
+from canzona.records import SUMMARY_FILE
+from canzona.sweep import bookkeeping as bk
+from canzona.sweep.backend import Backend
+from canzona.sweep.handles import RunHandle
+from canzona.sweep.progress import Progress, fmt_duration
+from canzona.sweep.trials import SweepPlan, TrialRun
+
+INTERRUPTED = "interrupted (sweep stopped by the user)"
+
+
+def run_loop(plan: SweepPlan, backend: Backend, to_run: list[TrialRun], skipped: int, out: TextIO) -> int:
+    """Run `to_run` on `backend` into the sweep folder; 0 (failures are recorded per run), or
+    130 if interrupted."""
+    rd = plan.results_dir.resolve()
+    b = backend
+    if not to_run:
+        print(f"[sweep] nothing to {b.verb}: every {b.noun} is already recorded (rerun=all to {b.verb} them again)",
+              file=out)
+        return 0
+    clock = time.monotonic()
+    b.open(len(to_run))
+    progress = Progress(len(to_run), skipped=skipped, parallel=min(b.capacity, len(to_run)), stream=out,
+                        min_interval_s=b.redraw_s)
+    base = {"cluster": b.cluster, **b.status_fields()}
+    queue = list(to_run)
+    running: list[RunHandle] = []
+    submitted: list[RunHandle] = []
+    try:
+        while queue or running:
+            free = b.capacity - len(running)
+            if queue and free > 0:
+                batch, queue = queue[:free], queue[free:]
+                for r in batch:
+                    bk.prepare(rd / r.id)
+                handles, refused = b.submit([(r, rd / r.id) for r in batch])
+                for h in handles:
+                    logs = {} if h.log_dir is None else {"log_dir": h.log_dir}
+                    bk.write_status(h.run_dir, "running", error=None, job_id=h.job_id, started=bk.now(), ended=None,
+                                    **base, **logs, **h.run.record())
+                    progress.start(h.run.id)
+                    running.append(h)
+                    submitted.append(h)
+                for r, err in refused:
+                    bk.write_status(rd / r.id, "failed", error=err, started=bk.now(), ended=bk.now(), **base,
+                                    **r.record())
+                    progress.finish(r.id, False, f"[sweep] FAILED {r.id}: {err}")
+            finished = [h for h in running if h.done()]
+            for h in finished:
+                running.remove(h)
+                _finish(h, b, progress)
+            progress.refresh()
+            if running and not finished:
+                b.wait(running, plan.settings.poll_s)
+    except KeyboardInterrupt:
+        for h in running:
+            h.cancel()
+            bk.write_status(h.run_dir, "failed", error=INTERRUPTED, ended=bk.now())
+        progress.close()
+        print(f"[sweep] interrupted: stopped {len(running)} running {b.noun}(s); rerun the same command to resume",
+              file=out)
+        return 130
+    finally:
+        progress.close()
+        b.close(submitted)
+    print(f"[sweep] {b.past} {progress.finished} {b.noun}(s) in {fmt_duration(time.monotonic() - clock)}"
+          f"{b.describe()}; {progress.failed} failed", file=out)
+    return 0
+
+
+def _finish(h: RunHandle, backend: Backend, progress: Progress) -> None:
+    """Record a run that ended: its tails (if the backend has logs), status.json, one progress line."""
+    err = h.error
+    if err is None and not (h.run_dir / SUMMARY_FILE).is_file():
+        err = f"the {backend.noun} ended without writing {SUMMARY_FILE}"
+    if backend.tails:
+        note = "(cluster=debug: the trial's output went to the console)" if h.cluster == "debug" else ""
+        try:
+            stdout, stderr = h.log_paths()
+            bk.write_tails(h.run_dir, stdout, stderr, note=note)
+        except Exception as e:  # noqa: BLE001 - missing logs must not lose the status
+            bk.write_tails(h.run_dir, [], [], note=f"logs unavailable: {e}")
+    wall = time.monotonic() - h.t0
+    bk.write_status(h.run_dir, "failed" if err else "done", error=err, ended=bk.now(), wall_s=round(wall, 3))
+    rid = h.run.id
+    progress.finish(rid, not err, f"[sweep] FAILED {rid} ({fmt_duration(wall)}): {err}" if err else None)
+
+
+def log_root(results_dir: Path, invocation: str) -> Path:
+    """Where the backends of one invocation keep their logs (submitit's folders, the workers')."""
+    return results_dir.resolve() / "submitit" / invocation
