@@ -92,6 +92,20 @@ DRYRUN_JSON, DRYRUN_TEXT = "dryrun.json", "dryrun.txt"  # a dry run's report (`c
 RECORD_FILES = (CONFIG_FILE, STEPS_FILE, TRACE_FILE, SUMMARY_FILE, DRYRUN_JSON, DRYRUN_TEXT)
 
 
+# summary.json keys renamed since records were first written: old dotted key -> new one (its
+# ``config`` is a trial config, read by `canzona.config.read_config`).
+SUMMARY_RENAMED = {"profile": "hardware", "profile_inputs": "hardware_inputs", "versions.profile": "versions.hardware"}
+
+
+def read_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary.json's content, whenever it was written, under today's key names: every reader
+    goes through this, so results folders written before a rename read as new ones; writers
+    write only the new names."""
+    from canzona.overrides import move_keys
+
+    return move_keys(summary, SUMMARY_RENAMED)
+
+
 def writable_folder(path: str | os.PathLike, key: str) -> Path:
     """Check that ``path`` is, or can be made, a folder this process can write into; else a
     one-line `ConfigError` naming ``key`` (an existing file, a path under something that is not

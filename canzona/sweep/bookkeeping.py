@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from canzona.records import STATUS_FILE, SUMMARY_FILE, atomic_write_json, atomic_write_text
+from canzona.records import STATUS_FILE, SUMMARY_FILE, atomic_write_json, atomic_write_text, read_summary
 
 STATUS, SUMMARY = STATUS_FILE, SUMMARY_FILE  # the records' names (`canzona.records`), as bk.STATUS / bk.SUMMARY
 TAIL_LINES = 200
@@ -158,4 +158,6 @@ def write_tails(trial_dir: Path, stdout: list[Path], stderr: list[Path], note: s
 
 
 def load_summary(trial_dir: Path) -> dict[str, Any] | None:
-    return read_json(Path(trial_dir) / SUMMARY)
+    """The run's summary.json under today's key names (`canzona.records.read_summary`), or None."""
+    summary = read_json(Path(trial_dir) / SUMMARY)
+    return read_summary(summary) if isinstance(summary, dict) else summary

@@ -1,14 +1,14 @@
 """``cluster=simulate``: project every trial with `canzona.sim` instead of running it.
 
 Each trial is written by `canzona.sim.simulate.write_trial` into its folder (config.yaml,
-steps.jsonl, summary.json with ``projected: true``, the profile and the assumptions) and gets a
-status.json like any other cluster's (``cluster: simulate``, ``projected: true``, the device
-profile's name, source and fingerprint). Trials run in ``sim.workers`` processes (default one
-per core); a trial that raises is recorded as failed and the sweep goes on.
+steps.jsonl, summary.json with ``projected: true``, the hardware and the assumptions) and gets a
+status.json like any other cluster's (``cluster: simulate``, ``projected: true``, the hardware
+file's name, source and fingerprint). Trials run in ``sim.workers`` processes (default one per
+core); a trial that raises is recorded as failed and the sweep goes on.
 
 Resume and rerun work as for the other clusters, and a trial projected with a different
-profile *content* (its fingerprint) counts as stale, so editing or recalibrating a profile and
-running the same command again re-projects what changed.
+*content* of the hardware file (its fingerprint) counts as stale, so editing or recalibrating a
+hardware file and running the same command again re-projects what changed.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any, TextIO
 
-from canzona.sim.profile import Profile
+from canzona.sim.hardware import Hardware
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.progress import Progress, fmt_duration
 from canzona.sweep.trials import SweepPlan, TrialRun
 
-_PROFILE: Profile | None = None  # the worker's profile (set once per process)
+_HARDWARE: Hardware | None = None  # the worker's hardware (set once per process)
 
 
-def _init(profile: Profile) -> None:
-    global _PROFILE
-    _PROFILE = profile
+def _init(hardware: Hardware) -> None:
+    global _HARDWARE
+    _HARDWARE = hardware
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
@@ -41,10 +41,10 @@ def _project_one(config: dict[str, Any], out: str) -> dict[str, Any]:
     from canzona.config import load_config
     from canzona.sim.simulate import write_trial
 
-    assert _PROFILE is not None
+    assert _HARDWARE is not None
     try:
         cfg = load_config(base={k: v for k, v in config.items() if k != "out"})
-        s = write_trial(cfg, _PROFILE, out)
+        s = write_trial(cfg, _HARDWARE, out)
         return {"error": None, "iteration_ms": s["iteration_ms"], "optimizer_step_ms": s["optimizer_step_ms"]}
     except Exception as e:  # noqa: BLE001 - recorded on the trial, the sweep goes on
         tb = traceback.format_exc()
@@ -57,8 +57,9 @@ def _project_one(config: dict[str, Any], out: str) -> dict[str, Any]:
         }
 
 
-def stale_trials(plan: SweepPlan, profile: Profile, states: dict[str, str]) -> list[str]:
-    """Runs recorded done whose projection came from another profile content."""
+def stale_trials(plan: SweepPlan, hardware: Hardware, states: dict[str, str]) -> list[str]:
+    """Runs recorded done whose projection came from another content of the hardware file
+    (summaries of any age: `canzona.records.read_summary`)."""
     out = []
     for t in plan.runs():
         if states.get(t.id) != bk.DONE:
@@ -66,7 +67,7 @@ def stale_trials(plan: SweepPlan, profile: Profile, states: dict[str, str]) -> l
         summary = bk.load_summary(plan.results_dir / t.id) or {}
         if (
             summary.get("projected")
-            and (summary.get("profile") or {}).get("fingerprint") != profile.fingerprint
+            and (summary.get("hardware") or {}).get("fingerprint") != hardware.fingerprint
         ):
             out.append(t.id)
     return out
@@ -82,7 +83,7 @@ def _context() -> mp.context.BaseContext:
     return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
-def project_trials(plan: SweepPlan, to_run: list[TrialRun], skipped: int, profile: Profile, out: TextIO) -> int:
+def project_trials(plan: SweepPlan, to_run: list[TrialRun], skipped: int, hardware: Hardware, out: TextIO) -> int:
     """Project `to_run` into the sweep folder; 0, or 130 if interrupted."""
     rd = plan.results_dir.resolve()
     if not to_run:
@@ -98,10 +99,10 @@ def project_trials(plan: SweepPlan, to_run: list[TrialRun], skipped: int, profil
     base = {
         "cluster": "simulate",
         "projected": True,
-        "sim_profile": profile.name,
-        "sim_profile_source": profile.source,
-        "sim_profile_path": profile.path,
-        "profile_fingerprint": profile.fingerprint,
+        "sim_hardware": hardware.name,
+        "sim_hardware_source": hardware.source,
+        "sim_hardware_path": hardware.path,
+        "hardware_fingerprint": hardware.fingerprint,
     }
     t0: dict[str, float] = {}
 
@@ -129,13 +130,13 @@ def project_trials(plan: SweepPlan, to_run: list[TrialRun], skipped: int, profil
     running: dict[Future, TrialRun] = {}
     try:
         if workers == 1:
-            _init(profile)
+            _init(hardware)
             for t in to_run:
                 started(t)
                 finished(t, _project_one(t.cfg.to_dict(), str(rd / t.id)))
             return 0
         with ProcessPoolExecutor(
-            workers, mp_context=_context(), initializer=_init, initargs=(profile,)
+            workers, mp_context=_context(), initializer=_init, initargs=(hardware,)
         ) as pool:
             queue = list(to_run)
             while queue or running:
@@ -166,7 +167,7 @@ def project_trials(plan: SweepPlan, to_run: list[TrialRun], skipped: int, profil
         progress.close()
     print(
         f"[sweep] projected {progress.done} trial(s) in {fmt_duration(time.monotonic() - clock)} with {workers} "
-        f"worker(s) on {profile.name} ({profile.source}); {progress.failed} failed",
+        f"worker(s) on {hardware.name} ({hardware.source}); {progress.failed} failed",
         file=out,
     )
     return 0
