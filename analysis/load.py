@@ -2,7 +2,9 @@
 
 A sweep folder ``results/<sweep>/`` holds one subfolder per run of a trial; a subfolder counts
 when it has at least ``config.yaml`` or ``status.json``. Any record may be missing or the run
-may have failed: loading never raises for a bad run, it notes what is missing instead.
+may have failed: loading never raises for a bad run, it notes what is missing instead. Records
+written before a key was renamed are read under its new name (`canzona.config.read_config`,
+`canzona.records.read_summary`).
 
 Here every folder is a "trial" with ``trial_id`` = its folder name. A sweep with ``repeats``
 > 1 runs each config several times: repetition k > 1 lives in ``<config id>-r<k>``, and its
@@ -10,7 +12,7 @@ status.json names the config (``trial_id``) and the repetition (``repeat``); the
 columns ``config_id`` and ``repeat``, which the statistics use to pool and pair repetitions.
 
 Tables (all plain pandas, nothing upstream is imported except the pure model inventory for the
-parameter count):
+parameter count and the trial schema's key renames):
 
 - ``trials``: one row per trial -- ``trial_id``, ``config_id``, ``repeat``, ``status``, ``error``, ``missing`` (record files
   absent), every config value flattened (``parallel.dp``, ``canzona.alpha``, ...), provenance
@@ -41,10 +43,18 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from canzona.config import read_config
 from canzona.errors import ConfigError
 from canzona.layout import RankLayout
-from canzona.records import CONFIG_FILE, STATUS_FILE, STEP_FIELDS, STEPS_FILE, SUMMARY_FILE
-from canzona.sweep.bookkeeping import SWEEP_FILE
+from canzona.records import (
+    CONFIG_FILE,
+    STATUS_FILE,
+    STEP_FIELDS,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    read_summary,
+)
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
 
@@ -136,14 +146,17 @@ def load_trial(path: Path) -> TrialRecords:
     t.status = _read(path / STATUS_FILE, "json", t) or {}
     t.summary = _read(path / SUMMARY_FILE, "json", t) or {}
     t.steps = _read(path / STEPS_FILE, "jsonl", t) or []
-    if not t.config and isinstance(t.summary.get("config"), dict):
-        t.config = t.summary["config"]
     for obj, name in ((t.config, CONFIG_FILE), (t.status, STATUS_FILE), (t.summary, SUMMARY_FILE)):
         if not isinstance(obj, dict):
             t.problems.append(f"{name}: not a mapping (ignored)")
-    t.config = t.config if isinstance(t.config, dict) else {}
+    # records of any age under today's key names (written before a rename: read as new ones)
+    t.config = read_config(t.config) if isinstance(t.config, dict) else {}
     t.status = t.status if isinstance(t.status, dict) else {}
-    t.summary = t.summary if isinstance(t.summary, dict) else {}
+    t.summary = read_summary(t.summary) if isinstance(t.summary, dict) else {}
+    if isinstance(t.summary.get("config"), dict):
+        t.summary["config"] = read_config(t.summary["config"])
+    if not t.config and isinstance(t.summary.get("config"), dict):
+        t.config = t.summary["config"]
     t.steps = [s for s in t.steps if isinstance(s, dict)]
     return t
 

@@ -6,10 +6,10 @@
   time and optimizer step latency, its speedup over ``sync`` and ``layerwise`` (baseline ÷
   canzona) and its overhead over ``adamw``, the paper's claims (`canzona.sim.claims.PAPER_CLAIMS`)
   beside the projection at the largest model on the most GPUs, where the time goes there, and the
-  inputs: the device profile (its source, stated inputs, effective rates) and the simulator's
+  inputs: the hardware (its source, stated inputs, effective rates) and the simulator's
   assumptions, as recorded in each projected trial's summary.json.
 - **Predicted vs measured**: `canzona.sim.validate.compare_sweep` on the measured trials with a
-  device profile (default ``profiles/local.yaml``): per method the median absolute % error and
+  hardware file (default ``hardware/local.yaml``): per method the median absolute % error and
   the worst case of optimizer_step_ms and iteration_ms, and the trials left out and why. The
   simulator never fails the report: an exception becomes the section's message.
 """
@@ -37,9 +37,7 @@ from analysis.stats import (
 from canzona.plan.registry import LADDER
 from canzona.records import DRYRUN_JSON, PHASES, STATUS_FILE, SUMMARY_FILE
 
-REPO = Path(__file__).resolve().parents[1]
-LOCAL_PROFILE = REPO / "profiles" / "local.yaml"
-CALIBRATE_CMD = "python -m canzona.calibrate out=profiles/local.yaml"
+CALIBRATE_CMD = "python -m canzona.calibrate out=hardware/local.yaml"
 METRICS = ("iteration_ms", "optimizer_step_ms")
 # trial settings that shape a projection, listed with its inputs
 SHAPING_KEYS = ("dist.dp_collective", "optimizer.ns_dtype", "train.micro_batch", "train.seq_len",
@@ -51,7 +49,7 @@ SYNC_NOTE = (
     "matrix's update and every TP rank all-gathers and recomputes it (planned imbalance about dp × tp), "
     "with full-matrix optimizer state on every TP rank (it fits no 80 GB GPU at 32B). The authors' own "
     "default Muon run is atomic (1_0-0_0): ZeRO-1 with whole-tensor ownership and TP-synchronous compute. "
-    "A projected ratio is one iteration of one micro-batch per rank on the profile's device: with gradient "
+    "A projected ratio is one iteration of one micro-batch per rank on the hardware's device: with gradient "
     "accumulation (several micro-batches per iteration, as large-batch training runs) forward and backward "
     "grow and the iteration speedup over sync shrinks toward the optimizer step's share; the assumptions "
     "below list everything the projection includes."
@@ -80,16 +78,16 @@ def _clean(v: Any) -> Any:
 def projected_trials(sweep: Sweep) -> pd.DataFrame:
     """One row per projected trial, in the columns of `stats.trial_table` (values from
     summary.json: one simulated iteration, so median = p10 = p90) plus ``projected``,
-    ``profile``, ``profile_fingerprint``, the phases (``phase.<name>``, mean over ranks) and
+    ``hardware``, ``hardware_fingerprint``, the phases (``phase.<name>``, mean over ranks) and
     ``param_sync_peer_ms_mean`` (of ``phase.param_sync``, the wait for peers still in their step)."""
     df = sweep.trials_df.copy()
     extra: list[dict[str, Any]] = []
     for t in sweep.trials:
         s = t.summary
-        prof = s.get("profile") or {}
+        hw = s.get("hardware") or {}
         world = s.get("world") or {}
-        r: dict[str, Any] = {"trial_id": t.trial_id, "projected": True, "profile": prof.get("name"),
-                             "profile_fingerprint": prof.get("fingerprint"),
+        r: dict[str, Any] = {"trial_id": t.trial_id, "projected": True, "hardware": hw.get("name"),
+                             "hardware_fingerprint": hw.get("fingerprint"),
                              "source": "projection" if s.get("iteration_ms") is not None else None,
                              "n_steps": 1 if s.get("iteration_ms") is not None else 0,
                              "n_ranks": world.get("world_size") or 0,
@@ -114,8 +112,8 @@ def projected_trials(sweep: Sweep) -> pd.DataFrame:
 
 def _points(df: pd.DataFrame, config_columns: list[str]) -> list[str]:
     pcols = [*POINT_BASE, *point_extra_columns(df, config_columns)]
-    if df["profile"].astype(str).nunique() > 1:
-        pcols = ["profile", *pcols]
+    if df["hardware"].astype(str).nunique() > 1:
+        pcols = ["hardware", *pcols]
     return pcols
 
 
@@ -192,8 +190,8 @@ def _fits_of(cells: list[dict[str, Any]] | None, fits: dict[str, dict[str, Any]]
 
 def dry_run_fits(sweep_path: Path, limits: dict[str, float | None]) -> dict[str, dict[str, Any]]:
     """Trial id -> {"fits": bool, "peak_gib", "limit_gib"} from the dry run of the same sweep and
-    profile (``cluster=dryrun`` writes ``<sweep>[-<profile>]-dryrun`` beside the projection's
-    ``...-sim-<device>``; a trial keeps its id there, its config being the same). ``limits``:
+    sweep profile (``cluster=dryrun`` writes ``<sweep>[-<profile>]-dryrun`` beside the projection's
+    ``...-sim-<hardware>``; a trial keeps its id there, its config being the same). ``limits``:
     trial id -> its ``dist.dry_run_memory_gb`` (what the dry run checked against when its
     report does not say). Trials without a dry run are left out."""
     name = sweep_path.resolve().name
@@ -271,13 +269,14 @@ def _assumptions(trials: list[TrialRecords]) -> list[dict[str, Any]]:
     return [{"text": a, "count": n} for a, n in seen.items()]
 
 
-def _profiles(trials: list[TrialRecords]) -> list[dict[str, Any]]:
+def _hardware(trials: list[TrialRecords]) -> list[dict[str, Any]]:
+    """The hardware the trials were projected on, one entry per content (name and fingerprint)."""
     out: dict[tuple, dict[str, Any]] = {}
     for t in trials:
-        p = t.summary.get("profile") or {}
+        p = t.summary.get("hardware") or {}
         key = (p.get("name"), p.get("fingerprint"))
         if key not in out:
-            inputs = t.summary.get("profile_inputs") or {}
+            inputs = t.summary.get("hardware_inputs") or {}
             out[key] = {"describe": p, "inputs": inputs, "n_trials": 0}
         out[key]["n_trials"] += 1
     return list(out.values())
@@ -353,7 +352,7 @@ def projected_section(sweep: Sweep) -> dict[str, Any]:
         "n_dry_run": len(fits),
         "phases": _phases_at(df, view, pcols),
         "phase_names": list(PHASES),
-        "profiles": _profiles(sweep.trials),
+        "hardware": _hardware(sweep.trials),
         "assumptions": _assumptions(sweep.trials),
         "n_trials": len(sweep.trials),
         "shaping": _shaping(df),
@@ -364,27 +363,30 @@ def projected_section(sweep: Sweep) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ predicted vs measured
 
 
-def resolve_profile(profile: Any) -> Any:
-    """``"auto"``: profiles/local.yaml if it exists, else None; ``"none"``/None: None."""
-    if isinstance(profile, str) and profile.lower() == "auto":
-        return str(LOCAL_PROFILE) if LOCAL_PROFILE.is_file() else None
-    if profile is None or (isinstance(profile, str) and profile.lower() in ("", "none")):
+def resolve_hardware(hardware: Any) -> Any:
+    """``"auto"``: hardware/local.yaml if it exists, else None; ``"none"``/None: None."""
+    if isinstance(hardware, str) and hardware.lower() == "auto":
+        from canzona.sim.hardware import local_file
+
+        local = local_file()
+        return str(local) if local is not None else None
+    if hardware is None or (isinstance(hardware, str) and hardware.lower() in ("", "none")):
         return None
-    return profile
+    return hardware
 
 
-def predicted_section(sweep: Sweep, measured_ids: set[str], profile: Any) -> dict[str, Any]:
+def predicted_section(sweep: Sweep, measured_ids: set[str], hardware: Any) -> dict[str, Any]:
     """`compare_sweep` over the measured trials, summarised for the template. Never raises:
     ``error`` holds what went wrong. ``result`` is compare_sweep's output (for CSV and tests)."""
-    out: dict[str, Any] = {"profile_arg": None if profile is None else str(profile) if not isinstance(profile, dict)
-                           else f"(profile {profile.get('name')!r} given as a mapping)",
+    out: dict[str, Any] = {"hardware_arg": None if hardware is None else str(hardware) if not isinstance(hardware, dict)
+                           else f"(hardware {hardware.get('name')!r} given as a mapping)",
                            "calibrate_cmd": CALIBRATE_CMD, "error": None, "result": None}
-    if profile is None:
+    if hardware is None:
         return out
     try:
         from canzona.sim.validate import MIN_MEASURED_MS, compare_sweep
 
-        res = compare_sweep(sweep.path, profile)
+        res = compare_sweep(sweep.path, hardware)
     except Exception as e:  # noqa: BLE001 - the simulator must never fail the report
         out["error"] = f"{type(e).__name__}: {str(e).strip() or repr(e)}"
         return out
@@ -407,7 +409,7 @@ def predicted_section(sweep: Sweep, measured_ids: set[str], profile: Any) -> dic
                 meas = r.get(f"{m}_measured")
                 why = "not measured" if meas is None else f"measured {meas:.3g} ms < {MIN_MEASURED_MS} ms"
                 left_out.append({"trial": r["trial"], "reason": f"{m}: no error figure ({why})"})
-    out.update(result=res, profile=res["profile"], by_method=res["by_method"], overall=res["overall"],
+    out.update(result=res, hardware=res["hardware"], by_method=res["by_method"], overall=res["overall"],
                rows=sorted(rows, key=lambda r: (r["method"], r["trial"])), left_out=left_out,
                min_measured_ms=MIN_MEASURED_MS)
     return out

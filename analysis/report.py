@@ -1,4 +1,4 @@
-"""``python -m analysis.report results/<sweep> [out=DIR] [profile=P]``: (re)build a sweep's HTML report.
+"""``python -m analysis.report results/<sweep> [out=DIR] [hardware=H]``: (re)build a sweep's HTML report.
 
 Reads only the trial records under the sweep folder (canzona/records.py) and writes, into
 ``DIR`` (default ``results/<sweep>/report/``):
@@ -16,8 +16,8 @@ Reads only the trial records under the sweep folder (canzona/records.py) and wri
 
 Projected trials (``cluster=simulate``) are kept out of every measured table, plot and CSV
 above (trials.csv and steps.csv list them, with ``projected`` true) and get their own section.
-``profile=NAME|PATH`` picks the device profile the measured trials are predicted with (default
-profiles/local.yaml if it exists, ``none`` to skip).
+``hardware=NAME|PATH`` picks the hardware file the measured trials are predicted with (default
+hardware/local.yaml if it exists, ``none`` to skip).
 
 Prints the report's path as its last line. Exit 2 with a one-line error when the folder does
 not exist or holds no trials. The sweep launcher calls `build_report(sweep_dir) -> Path`.
@@ -46,7 +46,7 @@ import yaml
 from analysis import plots, projection, stats, timeline
 from analysis.load import Sweep, load_sweep, subset
 from canzona.errors import ConfigError
-from canzona.overrides import build, split_argv
+from canzona.overrides import Renamed, build, split_argv
 from canzona.records import atomic_write_text
 from canzona.schema_doc import setting
 
@@ -257,13 +257,13 @@ def _no_measured() -> dict[str, Any]:
             "chosen": {}, "gantt_info": [], "load_rows": {}, "phases_tbl": [], "traces": {}}
 
 
-def build_report(sweep_dir: str | Path, out: str | Path | None = None, profile: Any = "auto") -> Path:
+def build_report(sweep_dir: str | Path, out: str | Path | None = None, hardware: Any = "auto") -> Path:
     """Build the report of `sweep_dir` into `out` (default ``<sweep_dir>/report``); return the
     path of index.html. Raises `ConfigError` if the folder is missing or has no trials.
 
     Projected trials (summary.json ``projected: true``, from ``cluster=simulate``) get a section
-    of their own and never enter the measured tables. `profile` (a device profile name, YAML
-    path or mapping; ``"auto"``: profiles/local.yaml if it exists; None: none) is what the
+    of their own and never enter the measured tables. `hardware` (a hardware file's name, YAML
+    path or mapping; ``"auto"``: hardware/local.yaml if it exists; None: none) is what the
     predicted-vs-measured section simulates the measured trials with."""
     sweep = load_sweep(sweep_dir)
     out_dir = Path(out) if out is not None else sweep.path / "report"
@@ -284,7 +284,7 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, profile: 
         proj.pop("table").to_csv(out_dir / "projected.csv", index=False)
     pred = None
     if meas_ids:
-        pred = projection.predicted_section(measured, meas_ids, projection.resolve_profile(profile))
+        pred = projection.predicted_section(measured, meas_ids, projection.resolve_hardware(hardware))
         if pred.get("result"):
             from canzona.sim.validate import to_frame
 
@@ -374,9 +374,14 @@ class ReportArgs:
     """The report command's ``key=value`` settings."""
 
     out: str | None = setting(None, "output folder; null: <sweep_dir>/report")
-    profile: str | None = setting("auto", "device profile (a name under profiles/ or a YAML path) of the "
-                                          "predicted-vs-measured section; auto: profiles/local.yaml if it "
-                                          "exists; none: no prediction")
+    hardware: str | None = setting("auto", "hardware file (a name under hardware/ or a YAML path) of the "
+                                           "predicted-vs-measured section; auto: hardware/local.yaml if it "
+                                           "exists; none: no prediction")
+
+
+# The command's keys that were renamed: refused with one line naming the new one.
+RENAMED = {"profile": Renamed("hardware", "the hardware file of the predicted-vs-measured section: a name under "
+                                          "hardware/, a YAML path, auto or none")}
 
 
 
@@ -389,12 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         print(command_help("analysis.report"))
         return 0
     try:
-        parts = split_argv(argv, positionals=1, usage="python -m analysis.report SWEEP_DIR [out=DIR] [profile=P]",
+        parts = split_argv(argv, positionals=1, usage="python -m analysis.report SWEEP_DIR [out=DIR] [hardware=H]",
                            keys=[f.name for f in fields(ReportArgs)])
         if not parts.positionals:
-            raise ConfigError("missing SWEEP_DIR; usage: python -m analysis.report SWEEP_DIR [out=DIR] [profile=P]")
-        args = build(ReportArgs, parts.overrides, what="report")
-        path = build_report(parts.positionals[0], args.out, profile=args.profile)
+            raise ConfigError("missing SWEEP_DIR; usage: python -m analysis.report SWEEP_DIR [out=DIR] [hardware=H]")
+        args = build(ReportArgs, parts.overrides, what="report", renamed=RENAMED)
+        path = build_report(parts.positionals[0], args.out, hardware=args.hardware)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

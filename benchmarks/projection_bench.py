@@ -1,12 +1,12 @@
 """Projection benchmark: the paper-scale communication of canzona against ZeRO-1 (adamw) and sync.
 
-    python benchmarks/projection_bench.py [profile=h100] [--sweep-profile paper_projection|paper_authors]
+    python benchmarks/projection_bench.py [hardware=h100] [--sweep-profile paper_projection|paper_authors]
                                           [--out CSV]
 
 For every point (size × layout) of ``sweep=qwen3_scaling profile=paper_projection`` (micro-batch
 1 × 4096 tokens, Megatron's default buckets) or ``profile=paper_authors`` (the authors' launch
 settings: 2048 tokens, the global batch of 128, buckets of 4e8 elements) projects the
-Muon trials of canzona, adamw and sync on the device profile (``canzona.sim``; canzona twice,
+Muon trials of canzona, adamw and sync on the hardware file (``canzona.sim``; canzona twice,
 with and without ``dist.overlap_param_gather``) and records:
 
 - ``comm_max``: exposed gradient reduction + exposed parameter sync, each the max over ranks (the
@@ -37,7 +37,8 @@ from bench_io import write_csv
 
 from canzona.config import load_config
 from canzona.errors import ConfigError
-from canzona.sim.simulate import project
+from canzona.overrides import refuse_renamed
+from canzona.sim.simulate import RENAMED, project
 from canzona.sweep.expand import build_plan
 
 METHODS = ("canzona", "adamw", "sync")
@@ -59,13 +60,13 @@ def _exposed_transfer(summary: dict) -> float:
     return summary["grad_reduce_ms"] + summary["param_sync_transfer_ms"]
 
 
-def point(trials: dict[str, object], profile: str) -> dict[str, float]:
-    res = {m: project(cfg, profile, events="auto") for m, cfg in trials.items()}
+def point(trials: dict[str, object], hardware: str) -> dict[str, float]:
+    res = {m: project(cfg, hardware, events="auto") for m, cfg in trials.items()}
     c, a = res["canzona"], res["adamw"]
     crit = {m: max(r["steps"], key=lambda r: r["iteration_ms"]) for m, r in res.items()}
     ev = {m: next(row for row in r["steps"] if row["events"]) for m, r in res.items()}
     wire = {m: _own_ms(ev[m], "grad_reduce") + _own_ms(ev[m], "param_sync") for m in ("canzona", "adamw")}
-    no_overlap = project(load_config(["dist.overlap_param_gather=false"], base=trials["canzona"].to_dict()), profile,
+    no_overlap = project(load_config(["dist.overlap_param_gather=false"], base=trials["canzona"].to_dict()), hardware,
                          events="none")
     out = {
         "canzona_comm_ms": _exposed(c),
@@ -83,18 +84,18 @@ def point(trials: dict[str, object], profile: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("profile", nargs="?", default="profile=h100", help="profile=NAME|PATH (default h100)")
+    ap.add_argument("hardware", nargs="?", default="hardware=h100", help="hardware=NAME|PATH (default h100)")
     ap.add_argument("--sweep-profile", default="paper_projection", choices=("paper_projection", "paper_authors"),
-                    help="the qwen3_scaling profile whose points are projected (default paper_projection)")
+                    help="the qwen3_scaling sweep profile whose points are projected (default paper_projection)")
     ap.add_argument("--out", help="CSV path (default benchmarks/results/projection_bench[_authors].csv)")
     args = ap.parse_args(argv)
     suffix = "" if args.sweep_profile == "paper_projection" else "_authors"
     out = args.out or f"benchmarks/results/projection_bench{suffix}.csv"
-    if not args.profile.startswith("profile="):
-        print(f"error: expected profile=NAME|PATH, got {args.profile!r}", file=sys.stderr)
-        return 2
-    profile = args.profile.split("=", 1)[1]
+    key, _, hardware = args.hardware.partition("=")
     try:
+        refuse_renamed(RENAMED, [(key, hardware)])  # profile=: the simulator's old key
+        if key != "hardware":
+            raise ConfigError(f"expected hardware=NAME|PATH, got {args.hardware!r}")
         plan = build_plan(["sweep=qwen3_scaling", f"profile={args.sweep_profile}"])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'point':22s} {'comm max':>9s} {'transfer':>9s} {'critical':>9s} {'wire':>6s} {'exposed sync':>13s} {'iter vs sync':>13s}")
     for (size, layout), trials in points.items():
         try:
-            r = {"size": size, "layout": layout, **point(trials, profile)}
+            r = {"size": size, "layout": layout, **point(trials, hardware)}
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

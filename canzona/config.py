@@ -19,7 +19,7 @@ from canzona.inventory import MODELS, QWEN3_MOE, ModelConfig, check_experts, che
 from canzona.layout import ExpertLayout
 from canzona.optim import registry as optimizers
 from canzona.optim.section import OptimizerSection
-from canzona.overrides import Arguments, build, split_argv
+from canzona.overrides import Arguments, Renamed, build, move_keys, split_argv, upgrade_keys
 from canzona.plan import registry as methods
 from canzona.schema_doc import KeyDoc, check_choices, key_docs, setting
 
@@ -99,7 +99,7 @@ class CanzonaSection:
     alpha: float = setting(1.0, "DP balance: weight of the cost-balanced target against the numel-balanced "
                                 "one, in [0, 1]")
     cost: str = setting("auto", "the cost model: auto (measured on this machine's device, else the roofline of "
-                                "canzona.cost_profile), measured, roofline, flops, numel", choices=COSTS)
+                                "canzona.cost_hardware), measured, roofline, flops, numel", choices=COSTS)
     grouping: str = setting("rounds", "TP micro-group mode (rounds: balanced rounds, at most "
                                             "ceil(1/capacity) of them)", choices=GROUPINGS)
     capacity: float = setting(0.125, "micro-group capacity: the most a group puts on one TP rank, as a fraction "
@@ -107,10 +107,11 @@ class CanzonaSection:
     dp_variant: str = setting("minmax", "DP partitioner: minmax (exact per-bucket min-max split) or snap "
                                         "(the paper's rule)", choices=DP_VARIANTS)
     pipeline_depth: int = setting(2, "TP micro-groups in flight ahead; 0: one group at a time")
-    measured_profile: str | None = setting(None, "measured costs from this table (python -m canzona.calibrate) "
-                                                 "instead of the calibration cache")
-    cost_profile: str = setting("h100", "device profile (a name under profiles/ or a YAML path) of CUDA plans "
-                                        "made where no GPU is visible, and of canzona.cost=roofline")
+    measured_table: str | None = setting(None, "measured costs from the updates table of this calibrated hardware "
+                                               "file (python -m canzona.calibrate out=PATH) instead of the "
+                                               "calibration cache")
+    cost_hardware: str = setting("h100", "hardware file (a name under hardware/ or a YAML path) of CUDA plans "
+                                         "made where no GPU is visible, and of canzona.cost=roofline")
     cost_cache: str | None = setting(None, "calibration cache folder (default $CANZONA_CACHE_DIR, else "
                                            "$XDG_CACHE_HOME/canzona, else ~/.cache/canzona)")
     elementwise_flops: float = setting(512.0, "flops cost model: matmul-flop equivalents per element of an "
@@ -215,6 +216,27 @@ class TrialConfig:
 # Shorthands accepted on the command line for convenience: `model=qwen3-8b optimizer=soap`.
 SHORTHANDS = {"model": "model.name", "optimizer": "optimizer.name", "method": "method.name"}
 
+# Trial keys that were renamed (`canzona.overrides.Renamed`): given the old way -- a command line,
+# a sweep file -- they are refused with one line naming the new key; a record written before the
+# rename (config.yaml, summary.json's config) is read under the new name (`read_config`), and a
+# trial id hashes the value under its old name (`id_dict`), so a rename changes no trial's id.
+RENAMED = {
+    "canzona.cost_profile": Renamed("canzona.cost_hardware", "the hardware file of the roofline: a name under "
+                                                             "hardware/ or a YAML path"),
+    "canzona.measured_profile": Renamed("canzona.measured_table", "the calibrated hardware file whose measured "
+                                                                  "updates table the measured cost model reads"),
+}
+
+
+def read_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config dict from a trial's records, whenever written, with today's key names."""
+    return upgrade_keys(raw, RENAMED)
+
+
+def id_dict(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as trial ids hash it: renamed keys under their names of before the rename."""
+    return move_keys(config, {r.new: old for old, r in RENAMED.items()})
+
 
 @functools.cache
 def trial_key_docs() -> tuple[KeyDoc, ...]:
@@ -295,9 +317,10 @@ def _schema() -> Any:
 
 def load_config(overrides: list[str] | tuple[str, ...] = (), base: dict[str, Any] | None = None) -> TrialConfig:
     """Build a validated TrialConfig from an optional base dict and ``key=value`` overrides (a
-    later override of a key wins: callers layer them; a command line goes through `parse_cli`)."""
+    later override of a key wins: callers layer them; a command line goes through `parse_cli`).
+    A renamed key is refused in either: a base read from old records goes through `read_config`."""
     args = split_argv(overrides, shorthands=SHORTHANDS, unique=False)
-    obj = build(_schema(), args.overrides, base=base)
+    obj = build(_schema(), args.overrides, base=base, renamed=RENAMED)
     assert isinstance(obj, TrialConfig)
     return validate(obj)
 
@@ -306,6 +329,6 @@ def parse_cli(argv: list[str], flags: tuple[str, ...] = (), options: tuple[str, 
     """A trial command line: ``key=value`` overrides plus the allowed ``--flags`` / ``--options``."""
     args = split_argv(argv, flags=flags, options=options, shorthands=SHORTHANDS,
                       keys=[d.key for d in trial_key_docs()])
-    obj = build(_schema(), args.overrides)
+    obj = build(_schema(), args.overrides, renamed=RENAMED)
     assert isinstance(obj, TrialConfig)
     return validate(obj), args

@@ -4,11 +4,11 @@ Interchangeable models (docs/design.md §2); every one has a ``name`` and a ``so
 numbers come from), which the plan carries:
 - ``measured``: seconds timed on the device the plan runs on. By default from this machine's
   calibration cache (`canzona.calibrate.cache`: taken the first time a plan needs it, extended
-  when a plan needs new shapes), with ``canzona.measured_profile=PATH`` from the ``updates``
-  table of a profile written by ``python -m canzona.calibrate`` instead (a shape missing there
+  when a plan needs new shapes), with ``canzona.measured_table=PATH`` from the ``updates``
+  table of a hardware file written by ``python -m canzona.calibrate`` instead (a shape missing there
   is the sum of its kernels when those are measured, else extrapolated from the nearest
   measured shape by the flops ratio, and counted in ``missing``).
-- ``roofline``: seconds on a device profile (`canzona.roofline`): flops at the matmul peak,
+- ``roofline``: seconds on a hardware description (`canzona.roofline`): flops at the matmul peak,
   bytes at the memory bandwidth, a per-kernel overhead. What a plan for a device this machine
   does not have (a GPU cluster planned from a laptop) uses.
 - ``flops``: analytic floating-point operation counts, from each optimizer's module
@@ -137,19 +137,21 @@ def _parse(key: str) -> tuple[int, int]:
 
 
 def load_measured(path: str | Path, optimizer: str, flops: FlopsCost) -> MeasuredCost:
-    """The measured model of a profile written by ``python -m canzona.calibrate``."""
+    """The measured model of a hardware file written by ``python -m canzona.calibrate``: its
+    ``updates`` table."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as e:
-        raise ConfigError(f"canzona.measured_profile={str(path)!r} cannot be read: {e.strerror}") from None
+        raise ConfigError(f"canzona.measured_table={str(path)!r} cannot be read: {e.strerror}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"canzona.measured_profile={str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"canzona.measured_table={str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
     if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"canzona.measured_profile={str(path)!r} is not a profile (a mapping with an updates table)")
+        raise ConfigError(f"canzona.measured_table={str(path)!r} is not a calibrated hardware file (a mapping "
+                          "with an updates table)")
     updates = (data or {}).get("updates", {})
     if flops.definition.matrix and not updates.get(optimizer):
         have = ", ".join(sorted(updates)) or "none"
-        raise ConfigError(f"profile {path} has no measured {optimizer} updates; it has: {have}")
+        raise ConfigError(f"canzona.measured_table={str(path)!r} has no measured {optimizer} updates; it has: {have}")
     adamw = float((data or {}).get("adamw_seconds_per_element", 0.0)) or 1e-9
     device = (data or {}).get("device") or {}
     where = ", ".join(str(device[k]) for k in ("host", "name", "torch", "date") if device.get(k))
@@ -176,17 +178,18 @@ def make_cost_model(
     *,
     ns_steps: int = 5,
     precondition_frequency: int = 10,
-    profile: str | None = None,
+    table: str | None = None,
     elementwise_flops: float = ELEMENTWISE_FLOP_EQUIVALENT,
     settings: Any = None,
     calibration: Calibration | None = None,
-    device_profile: Any = "h100",
+    hardware: Any = "h100",
 ) -> CostModel:
     """A cost model of an explicit ``kind``. ``settings``, the whole optimizer section (so
     ``max_preconditioner_dim`` and any other option counts), wins over the ``ns_steps`` /
-    ``precondition_frequency`` shorthands. ``measured`` reads ``profile`` (a calibrate profile's
-    path) or else ``calibration`` (this machine's cache, see `select_cost_model`); ``roofline``
-    runs on ``device_profile`` (a `canzona.sim.profile.Profile`, a name or a path)."""
+    ``precondition_frequency`` shorthands. ``measured`` reads ``table`` (the path of a hardware file
+    that ``python -m canzona.calibrate`` wrote) or else ``calibration`` (this machine's cache, see
+    `select_cost_model`); ``roofline`` runs on ``hardware`` (a `canzona.sim.hardware.Hardware`, a
+    name or a path)."""
     if settings is None:
         settings = OptimizerSection(ns_steps=ns_steps, precondition_frequency=precondition_frequency)
     flops = FlopsCost(optimizer, settings, elementwise_flops)
@@ -195,26 +198,26 @@ def make_cost_model(
     if kind == "flops":
         return flops
     if kind == "measured":
-        if profile is not None:
-            return load_measured(profile, optimizer, flops)
+        if table is not None:
+            return load_measured(table, optimizer, flops)
         if calibration is None:
-            raise ConfigError("canzona.cost=measured needs canzona.measured_profile=PATH or this machine's calibration")
+            raise ConfigError("canzona.cost=measured needs canzona.measured_table=PATH or this machine's calibration")
         return from_calibration(calibration, optimizer, flops)
     if kind == "roofline":
         from canzona.roofline import RooflineCost
 
-        return RooflineCost.on(device_profile, optimizer, settings)
+        return RooflineCost.on(hardware, optimizer, settings)
     raise ConfigError(f"canzona.cost={kind!r} is not allowed; choose one of: {', '.join(COSTS)}")
 
 
-def select_cost_model(cfg: Any, device: str, *, profile: Any = None, threads: int | None = None,
+def select_cost_model(cfg: Any, device: str, *, hardware: Any = None, threads: int | None = None,
                       log: Any = None) -> CostModel:
     """The cost model a plan of ``cfg`` for a ``device`` (cpu | cuda) uses.
 
     ``canzona.cost=auto``: ``measured`` when this machine has such a device (a CPU always; CUDA
     when a GPU is visible), timed into this machine's calibration cache as needed (or read from
-    ``canzona.measured_profile`` when given); otherwise ``roofline`` on ``profile`` (the
-    simulator's), else ``canzona.cost_profile``. ``threads``:
+    ``canzona.measured_table`` when given); otherwise ``roofline`` on ``hardware`` (the
+    simulator's), else ``canzona.cost_hardware``. ``threads``:
     the torch threads per rank the trial runs with (default: ``dist.threads_per_rank``, else the
     cores shared by the ranks of one local trial). ``log`` hears the cache's path.
     """
@@ -223,17 +226,17 @@ def select_cost_model(cfg: Any, device: str, *, profile: Any = None, threads: in
 
     optimizer = "adamw" if elementwise_only(cfg.method.dp) else cfg.optimizer.name
     if kind == "auto":
-        kind = "measured" if device_here(device) or cfg.canzona.measured_profile else "roofline"
-    measured_here = kind == "measured" and not cfg.canzona.measured_profile
+        kind = "measured" if device_here(device) or cfg.canzona.measured_table else "roofline"
+    measured_here = kind == "measured" and not cfg.canzona.measured_table
     if measured_here and not device_here(device):
         raise ConfigError(f"canzona.cost=measured: this machine has no {device} device to time (dist.device="
-                          f"{cfg.dist.device}); use canzona.cost=roofline or canzona.measured_profile=PATH")
+                          f"{cfg.dist.device}); use canzona.cost=roofline or canzona.measured_table=PATH")
     calibration = None
     if measured_here:
         calibration = _calibration(cfg, device, optimizer, threads, log)
-    return make_cost_model(kind, optimizer, profile=cfg.canzona.measured_profile if kind == "measured" else None,
+    return make_cost_model(kind, optimizer, table=cfg.canzona.measured_table if kind == "measured" else None,
                            elementwise_flops=cfg.canzona.elementwise_flops, settings=cfg.optimizer,
-                           calibration=calibration, device_profile=profile or cfg.canzona.cost_profile)
+                           calibration=calibration, hardware=hardware or cfg.canzona.cost_hardware)
 
 
 def _calibration(cfg: Any, device: str, optimizer: str, threads: int | None, log: Any) -> Calibration:

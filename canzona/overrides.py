@@ -10,6 +10,11 @@ structured OmegaConf schema (a dataclass), so that
 
 each as one `ConfigError` line (the CLI prints it and exits 2, having written nothing).
 
+A key that was renamed is listed in its schema's ``RENAMED`` (old dotted key -> `Renamed`):
+given the old way -- on a command line, in a sweep or config file -- it is refused with one
+line naming the new key (`refuse_renamed`, which `build` runs); a record written before the
+rename is read under the new name (`upgrade_keys`).
+
 Values are typed by the schema, not by YAML: ``slurm.time=01:00:00`` stays a string and
 ``parallel.dp=8`` becomes an int because the field is one. Only values that are clearly YAML
 structures (``[a, b]``, ``{k: v}``) or null (``null``, ``~``, empty) are parsed as YAML first.
@@ -101,6 +106,75 @@ def _suggest(name: str, value: str, keys: Iterable[str]) -> str:
     return f" ({' or '.join(f'{k}={value}' for k in matches[:3])}?)" if matches else ""
 
 
+@dataclass(frozen=True)
+class Renamed:
+    """What an old key is now: ``new``, the key to write instead, and a ``note`` on what it takes."""
+
+    new: str
+    note: str = ""
+
+    def message(self, old: str) -> str:
+        return f"{old}= is now {self.new}=" + (f" ({self.note})" if self.note else "")
+
+
+def dotted_keys(d: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Every key path of a nested mapping, sections included: ``{"sim": {"x": 1}}`` ->
+    ``["sim", "sim.x"]``."""
+    out: list[str] = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        out.append(key)
+        if isinstance(v, Mapping):
+            out += dotted_keys(v, key + ".")
+    return out
+
+
+def refuse_renamed(renamed: Mapping[str, Renamed], overrides: Iterable[tuple[str, Any]] = (),
+                   layers: Iterable[Mapping[str, Any] | None] = (), where: str = "") -> None:
+    """A one-line `ConfigError` for the first old key of ``renamed`` among the ``(key, value)``
+    overrides or anywhere in the nested ``layers`` (YAML files, a base config)."""
+    if not renamed:
+        return
+    keys = [k for k, _ in overrides] + [k for layer in layers for k in dotted_keys(layer or {})]
+    for key in keys:
+        if key in renamed:
+            raise ConfigError((f"{where}: " if where else "") + renamed[key].message(key))
+
+
+def move_keys(d: Mapping[str, Any], moves: Mapping[str, str]) -> dict[str, Any]:
+    """A copy of the nested mapping ``d`` with the value at each dotted key of ``moves`` moved to
+    the dotted key it maps to (a value already at the destination wins); sections are copied."""
+    out = _copy_sections(d)
+    for src, dst in moves.items():
+        source, leaf = _parent(out, src), src.rsplit(".", 1)[-1]
+        if source is None or leaf not in source:
+            continue
+        target = _parent(out, dst, create=True)
+        if target is not None:
+            target.setdefault(dst.rsplit(".", 1)[-1], source.pop(leaf))
+    return out
+
+
+def _parent(d: dict[str, Any], key: str, create: bool = False) -> dict[str, Any] | None:
+    """The mapping that holds the dotted ``key`` (made on the way with ``create``), or None."""
+    node: Any = d
+    for part in key.split(".")[:-1]:
+        if create and isinstance(node, dict) and part not in node:
+            node[part] = {}
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else None
+
+
+def _copy_sections(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _copy_sections(v) if isinstance(v, Mapping) else v for k, v in d.items()}
+
+
+def upgrade_keys(d: Mapping[str, Any], renamed: Mapping[str, Renamed]) -> dict[str, Any]:
+    """A record written before the renames in ``renamed`` (a nested mapping) as it is written
+    now: every old key under its new name."""
+    return move_keys(d, {old: r.new for old, r in renamed.items()})
+
+
 def typed_value(text: str) -> Any:
     """A command-line value as the schema should receive it (see the module docstring)."""
     stripped = text.strip()
@@ -121,9 +195,13 @@ def build(
     base: Mapping[str, Any] | None = None,
     layers: Iterable[Mapping[str, Any] | None] = (),
     what: str = "config",
+    renamed: Mapping[str, Renamed] | None = None,
 ) -> T:
     """Merge ``base``, then ``layers``, then the ``(key, text)`` overrides into ``schema`` (a
-    dataclass or an already structured OmegaConf node) and return the resulting object."""
+    dataclass or an already structured OmegaConf node) and return the resulting object; an old
+    key of ``renamed`` anywhere among them is refused (`refuse_renamed`)."""
+    overrides, layers = list(overrides), list(layers)
+    refuse_renamed(renamed or {}, overrides, [base, *layers])
     node = schema if OmegaConf.is_config(schema) else OmegaConf.structured(schema)
     key = ""
     try:

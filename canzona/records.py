@@ -87,9 +87,30 @@ TRACE_FILE = "trace.json"
 SUMMARY_FILE = "summary.json"
 STATUS_FILE = "status.json"  # the sweep launcher's (`canzona.sweep.bookkeeping`)
 DRYRUN_JSON, DRYRUN_TEXT = "dryrun.json", "dryrun.txt"  # a dry run's report (`canzona.trial.dryrun.report`)
+STDOUT_FILE, STDERR_FILE = "stdout.txt", "stderr.txt"  # a run's log tails, kept by the sweep launcher
+
+# The files of a sweep's results folder (`canzona.sweep`).
+SWEEP_FILE = "sweep.json"  # the sweep's manifest
+HARDWARE_FILE = "hardware.yaml"  # a projected sweep's hardware description (provenance)
+OLD_HARDWARE_FILE = "profile.yaml"  # its name before "profile" meant only a sweep variant
+DRYRUN_CSV = "dryrun.csv"  # a dry-run sweep's memory table
 
 # What a trial writes into its ``out`` folder (a trial's records, and a dry run's report).
 RECORD_FILES = (CONFIG_FILE, STEPS_FILE, TRACE_FILE, SUMMARY_FILE, DRYRUN_JSON, DRYRUN_TEXT)
+
+
+# summary.json keys renamed since records were first written: old dotted key -> new one (its
+# ``config`` is a trial config, read by `canzona.config.read_config`).
+SUMMARY_RENAMED = {"profile": "hardware", "profile_inputs": "hardware_inputs", "versions.profile": "versions.hardware"}
+
+
+def read_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary.json's content, whenever it was written, under today's key names: every reader
+    goes through this, so results folders written before a rename read as new ones; writers
+    write only the new names."""
+    from canzona.overrides import move_keys
+
+    return move_keys(summary, SUMMARY_RENAMED)
 
 
 def writable_folder(path: str | os.PathLike, key: str) -> Path:

@@ -55,8 +55,8 @@ def _schema_keys(module: str, cls: str) -> Callable[[], list[tuple[str, list[Key
 
 
 def _simulate_keys() -> list[tuple[str, list[KeyDoc]]]:
-    device = KeyDoc("profile", "str", "h100", "device profile: h100, h200, a100, local, or a YAML path", None)
-    return [("keys", [device]), *_trial_keys()]
+    hardware = KeyDoc("hardware", "str", "h100", "hardware file: h100, h200, a100, local, or a YAML path", None)
+    return [("keys", [hardware]), *_trial_keys()]
 
 
 COMMANDS: tuple[Command, ...] = (
@@ -67,13 +67,13 @@ COMMANDS: tuple[Command, ...] = (
     Command("canzona.plan", "python -m canzona.plan [key=value ...] [--json | --program RANK]",
             "Print the plan of a trial (owners, buckets, micro-groups, loads) without running it; --json for "
             "the whole plan, --program RANK for that rank's lowered program.", _trial_keys),
-    Command("canzona.sim.simulate", "python -m canzona.sim.simulate [profile=NAME|PATH] [key=value ...] [--json]",
-            "Project one trial's iteration and optimizer step on a device profile by interpreting every "
+    Command("canzona.sim.simulate", "python -m canzona.sim.simulate [hardware=NAME|PATH] [key=value ...] [--json]",
+            "Project one trial's iteration and optimizer step from a hardware file by interpreting every "
             "rank's program.", _simulate_keys),
     Command("sweeps/run.py", "python sweeps/run.py sweep=NAME [key=value ...]\n       python sweeps/run.py list",
             "Run a sweep: every trial of the sweep file's grid (AXIS=v1,v2 keeps those values of an axis; a "
             "trial key sets a value for every trial, see python -m canzona.run --help), then its report. "
-            "'list' shows the sweeps, their profiles and axes.", _sweep_keys),
+            "'list' shows the sweeps, their sweep profiles and axes.", _sweep_keys),
     Command("analysis.report", "python -m analysis.report SWEEP_DIR [key=value ...]",
             "Build the HTML report of a sweep folder and print the path of its index.html.",
             _schema_keys("analysis.report", "ReportArgs")),
@@ -81,9 +81,30 @@ COMMANDS: tuple[Command, ...] = (
             "Predicted against measured, for every finished trial under the folder.",
             _schema_keys("canzona.sim.validate", "ValidateArgs")),
     Command("canzona.calibrate", "python -m canzona.calibrate out=PATH [key=value ...]",
-            "Calibrate a device profile on this machine (update, collective and model-pass times).",
+            "Calibrate this machine into a hardware file (update, collective and model-pass times).",
             _schema_keys("canzona.calibrate.settings", "Settings")),
 )
+
+
+# Where each command's renamed keys are listed (`canzona.overrides.Renamed`): (commands, module, name).
+RENAMED_IN: tuple[tuple[str, str, str], ...] = (
+    ("canzona.run, canzona.plan, canzona.sim.simulate, sweeps/run.py (trial keys)", "canzona.config", "RENAMED"),
+    ("sweeps/run.py", "canzona.sweep.settings", "RENAMED"),
+    ("canzona.sim.simulate", "canzona.sim.simulate", "RENAMED"),
+    ("canzona.sim.validate", "canzona.sim.validate", "RENAMED"),
+    ("analysis.report", "analysis.report", "RENAMED"),
+)
+
+
+def renamed_table() -> str:
+    """The renamed keys: each old key, where, what it is now; given the old way it is refused."""
+    import importlib
+
+    out = ["| old key | in | now | note |", "|---|---|---|---|"]
+    for where, module, name in RENAMED_IN:
+        for old, r in getattr(importlib.import_module(module), name).items():
+            out.append(f"| `{old}` | {where} | `{r.new}` | {r.note.replace('|', chr(92) + '|')} |")
+    return "\n".join(out) + "\n"
 
 
 def command(name: str) -> Command:
@@ -114,6 +135,9 @@ def document() -> str:
             sections = sections[:1]
             parts += ["Trial keys as [`canzona.run`](#canzonarun), and:", ""]
         parts.append(markdown(sections))
+    parts += ["# Renamed keys", "",
+              "Given the old way (a command line, a sweep file), an old key is refused with one line naming the new "
+              "one; records written before a rename are read under the new name.", "", renamed_table()]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -126,4 +150,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["COMMANDS", "Command", "command_help", "document"]
+__all__ = ["COMMANDS", "Command", "command_help", "document", "renamed_table"]

@@ -2,7 +2,7 @@
 # The prepared check for the first GPU machine (see tests/dist/test_gpu.py): the CUDA/NCCL path
 # (pytest -m gpu), a quick GPU calibration and one short bf16 trial per method, in a few minutes.
 # Missing packages travel as wheels in .whl/ (megatron-core, omegaconf, antlr4, submitit).
-# Results go to $OUT (default /tmp/gpu_check): log.txt, the calibrated profile, trials.json.
+# Results go to $OUT (default /tmp/gpu_check): log.txt, the calibrated hardware file, trials.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}

@@ -17,14 +17,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         opts = parse_args(argv)
-        from canzona.calibrate.build import calibrate, write_profile
+        from canzona.calibrate.build import calibrate, write_hardware
 
-        profile = calibrate(opts)
+        hardware = calibrate(opts)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    path = write_profile(profile, opts.out)
-    print(f"wrote {path} in {profile['calibration']['seconds']} s")
+    path = write_hardware(hardware, opts.out)
+    print(f"wrote {path} in {hardware['calibration']['seconds']} s")
     return 0
 
 

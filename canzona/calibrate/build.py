@@ -1,4 +1,4 @@
-"""Running the calibration and assembling its profile (format: `canzona.sim.profile`)."""
+"""Running the calibration and assembling its hardware file (format: `canzona.sim.hardware`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from canzona.calibrate.fit import fit_link, fit_pass
 from canzona.calibrate.settings import Options
 from canzona.calibrate.workers import run_workers
 from canzona.devices import resolve_device
-from canzona.sim.profile import COLLECTIVES, SPECS, spec_profile
+from canzona.sim.hardware import COLLECTIVES, SPECS, spec_hardware
 
 # Links written when collectives are neither measured nor taken from a spec (collectives=false on CPU).
 PLACEHOLDER_LINK = {"latency_s": 1e-4, "step_latency_s": 1e-4, "bandwidth_Bps": 1e9}
@@ -38,7 +38,7 @@ def processes(opts: Options, kind: str, gpus: int) -> int:
 
 
 def match_spec(opts: Options, device_name: str) -> str | None:
-    """The spec profile standing in for what cannot be measured here (``spec=auto``: the one
+    """The spec-derived hardware standing in for what cannot be measured here (``spec=auto``: the one
     whose key appears in the device's name, e.g. h200 for "NVIDIA H200")."""
     if opts.spec == "none":
         return None
@@ -48,7 +48,7 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
-    """Measure this machine and return the profile (a dict; `write_profile` writes it)."""
+    """Measure this machine and return its hardware description (a dict; `write_hardware` writes it)."""
     import torch
 
     started = time.perf_counter()
@@ -98,7 +98,7 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
                      forward={"fixed_s": 2e-3, "layer_s": 1.5e-3, "flops_per_s": 0.5 * mm},
                      backward={"fixed_s": 3e-3, "layer_s": 3e-3, "flops_per_s": 0.5 * mm})
     measured_by = f"{world or 1} process(es)" + (" on their own GPUs" if kind == "cuda" else "")
-    profile = {
+    hardware = {
         "name": opts.name,
         "source": "calibrated" if collectives_source != "spec" else f"calibrated, collectives spec-derived ({spec})",
         "description": f"calibrated on {device['host']} ({device['name']}, {device['cores']} cores) with "
@@ -130,27 +130,27 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
             "seconds": None,
         },
     }
-    profile["calibration"]["seconds"] = round(time.perf_counter() - started, 1)
-    return profile
+    hardware["calibration"]["seconds"] = round(time.perf_counter() - started, 1)
+    return hardware
 
 
 def _collectives(opts: Options, kind: str, gpus: int, workers: dict[str, Any], spec: str | None,
                  notes: list[str]) -> tuple[dict[str, Any], str, float]:
-    """(the profile's ``collectives``, where they came from: measured | spec | placeholder,
+    """(the hardware file's ``collectives``, where they came from: measured | spec | placeholder,
     the overlap fraction)."""
     samples = workers.get("collectives")
     if samples:
         out: dict[str, Any] = {"intra": {k: fit_link(k, samples[k]) for k in COLLECTIVES}}
         if spec:
-            out["inter"] = spec_profile(spec)["collectives"]["inter"]
+            out["inter"] = spec_hardware(spec)["collectives"]["inter"]
             notes.append(f"collectives between nodes (inter) are spec-derived ({spec}): one node cannot measure them")
         return out, "measured", float((workers.get("overlap") or {}).get("overlap", 0.0))
     why = ("collectives=false" if not opts.collectives
            else f"{gpus} GPU visible: the collectives need two" if kind == "cuda" else "not measured")
     if spec:
-        sp = spec_profile(spec)
+        sp = spec_hardware(spec)
         notes.append(f"{why}; kept the spec-derived collectives and overlap of {spec} "
-                     f"(canzona.sim.profile.spec_profile('{spec}'))")
+                     f"(canzona.sim.hardware.spec_hardware('{spec}'))")
         return sp["collectives"], "spec", float(sp["compute"]["overlap"])
     notes.append(f"{why}; collectives are placeholders (100 us, 1 GB/s), not measurements"
                  + (": give spec=h100|h200|a100 to use a spec's" if kind == "cuda" else ""))
@@ -170,13 +170,13 @@ def _device_info(opts: Options, kind: str, gpus: int) -> dict[str, Any]:
     return info
 
 
-def write_profile(profile: dict[str, Any], out: str | Path) -> Path:
-    """Write the profile as YAML (atomically), with a header saying what wrote it."""
+def write_hardware(hardware: dict[str, Any], out: str | Path) -> Path:
+    """Write the hardware file as YAML (atomically), with a header saying what wrote it."""
     from canzona.records import atomic_write_text
 
     out = Path(out)
-    header = (f"# Calibrated device profile, written by `python -m canzona.calibrate` on {profile['device']['host']} "
-              f"at {profile['device']['date']}.\n# Format: canzona/sim/profile.py. `updates` is the table "
+    header = (f"# Calibrated hardware file, written by `python -m canzona.calibrate` on {hardware['device']['host']} "
+              f"at {hardware['device']['date']}.\n# Format: canzona/sim/hardware.py. `updates` is the table "
               "canzona.cost=measured reads (seconds per update of one matrix).\n")
-    atomic_write_text(out, header + yaml.safe_dump(profile, sort_keys=False, width=110))
+    atomic_write_text(out, header + yaml.safe_dump(hardware, sort_keys=False, width=110))
     return out

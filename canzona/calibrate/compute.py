@@ -12,7 +12,7 @@ from typing import Any
 from canzona.calibrate.clock import Clock, solo
 from canzona.calibrate.settings import Options
 from canzona.calibrate.shapes import calibration_shapes, local_sweep_shapes
-from canzona.sim.profile import refresh_flops, steady_flops
+from canzona.sim.hardware import refresh_flops, steady_flops
 
 Sync = Callable[[bool], bool]
 
@@ -76,7 +76,7 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, float
 def time_update_tables(optimizers: tuple[str, ...] | list[str], shapes: list[tuple[int, int]], budget_s: float,
                        quick: bool, freq: int, flops_rate: float, clock: Clock, required: int = 0,
                        sync: Sync = solo) -> dict[str, Any]:
-    """A device profile's optimizer tables (``batched``, ``updates``, ``update_overhead_s``,
+    """A hardware file's optimizer tables (``batched``, ``updates``, ``update_overhead_s``,
     ``eigh_flops_per_s``): per optimizer and shape, steady slope / overhead (batch 1 and 4) and
     refresh seconds; the first ``required`` shapes are timed even past the budget.
     ``sync(go) -> go`` agrees on every go / skip decision across the calibrating processes (and

@@ -1,11 +1,11 @@
-"""Fitting the timings to the profile's models: links (latency + volume / bandwidth) and model
+"""Fitting the timings to the hardware file's models: links (latency + volume / bandwidth) and model
 passes (fixed + layers·per-layer + flops / rate)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from canzona.sim.profile import volume
+from canzona.sim.hardware import volume
 
 
 def fit_link(kind: str, samples: list[list[float]], p: int = 2) -> dict[str, float]:

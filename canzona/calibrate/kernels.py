@@ -113,7 +113,7 @@ def time_kernel_updates(clock: Clock, jobs: list[Job], rates: dict[str, float],
     refresh_probe?}``: seconds of one update on a step without a refresh, the extra seconds of
     a refresh step (optimizers with refreshes), and the shapes actually timed when they were
     scaled down. The calibration cache's table (what ``canzona.cost=measured`` plans with);
-    a device profile's tables are timed by `canzona.calibrate.compute.time_update_tables`."""
+    a hardware file's tables are timed by `canzona.calibrate.compute.time_update_tables`."""
     steady: list[tuple[Job, Shape, Callable[[], Any]]] = []
     refresh: list[tuple[Job, Shape, Callable[[], Any], Callable[[], Any]]] = []
     for job in jobs:

@@ -10,7 +10,7 @@ from canzona.errors import ConfigError
 from canzona.optim import registry
 from canzona.overrides import build, split_argv
 from canzona.schema_doc import setting
-from canzona.sim.profile import SPECS
+from canzona.sim.hardware import SPECS
 
 OPTIMIZERS = registry.MATRIX_NAMES  # every registered matrix optimizer
 DEVICES = ("auto", "cpu", "cuda")
@@ -21,8 +21,8 @@ SPEC_CHOICES = ("auto", "none", *SPECS)
 class Settings:
     """What may be given on the command line (see the package docstring for each key)."""
 
-    out: str | None = setting(None, "the profile to write (required), e.g. profiles/NAME.yaml")
-    name: str | None = setting(None, "the profile's name; null: the file stem")
+    out: str | None = setting(None, "the hardware file to write (required), e.g. hardware/NAME.yaml")
+    name: str | None = setting(None, "the hardware's name; null: the file stem")
     quick: bool = setting(False, "a quick calibration (~10 s on a CPU, a minute on a GPU): smaller budget, "
                                  "the model pass estimated from the matmul rate")
     budget_s: float | None = setting(None, "optimizer timing budget, seconds; null: 30 (quick: 3)")
@@ -58,10 +58,10 @@ class Options:
 
 def parse_args(argv: Sequence[str]) -> Options:
     """The command line as `Options`; every mistake is one `ConfigError` line."""
-    s = build(Settings, split_argv(argv, usage="e.g. out=profiles/local.yaml quick=true").overrides,
+    s = build(Settings, split_argv(argv, usage="e.g. out=hardware/local.yaml quick=true").overrides,
               what="calibrate")
     if not s.out:
-        raise ConfigError("out=PATH is required, e.g. out=profiles/local.yaml")
+        raise ConfigError("out=PATH is required, e.g. out=hardware/local.yaml")
     width_divs = tuple(_ints("width_divs", s.width_divs))
     optimizers = tuple(x.strip() for x in s.optimizers.split(",") if x.strip())
     for o in optimizers:

@@ -5,7 +5,7 @@ Adding an optimizer is writing one module that defines ``OPTIMIZER = OptimizerDe
 `canzona.optim.spec`) and adding it to `REGISTERED` below. The built-ins' descriptions are in
 `canzona.optim.definitions`, which imports no torch; their rules are imported when first made. Nothing else lists optimizers: the
 config section (`canzona.config.OptimizerSection`), its validation, the cost models and the
-device profiles all come from here.
+hardware descriptions all come from here.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The flat ``optimizer.*`` keys are the common ones (name, lr, weight_decay, clip_grad) plus every
 registered optimizer's options (`canzona.optim.registry`), so a new optimizer's keys need no
 edit anywhere else. It lives here, not in `canzona.config`, so that the cost models, the
-profiles and the optimizer maths can build one without importing the trial config.
+hardware descriptions and the optimizer maths can build one without importing the trial config.
 """
 
 from __future__ import annotations

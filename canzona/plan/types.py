@@ -162,7 +162,7 @@ class Plan(_Sized):
     plan_seconds: float = 0.0
     execution: Execution = Execution()
     # Where the costs came from (`canzona.cost`): "measured: <calibration cache> (host, device,
-    # torch, date)", "roofline: profiles/h100.yaml", ...
+    # torch, date)", "roofline: hardware/h100.yaml", ...
     cost_source: str = ""
     dp_strategy: str = ""  # `canzona.plan.registry.DP_STRATEGIES` name
     tp_strategy: str = ""  # `canzona.plan.registry.TP_STRATEGIES` name

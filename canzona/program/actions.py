@@ -6,7 +6,7 @@ uses, the micro-group order and pipeline depth, what waits for what -- is alread
 them, so that the three readers of a program cannot disagree:
 
 - the executor (`canzona.executor`) runs each action on real process groups and tensors;
-- the simulator (`canzona.sim`) gives each action a duration from a device profile;
+- the simulator (`canzona.sim`) gives each action a duration from a hardware description;
 - the metrics (`canzona.program.count`) count its compute, memory and bytes.
 
 Communication actions are *issued* (asynchronously) where they appear and completed by a later

@@ -1,4 +1,4 @@
-"""The simulator's interpreter: every rank's `Program` on a `Timeline` with a device profile.
+"""The simulator's interpreter: every rank's `Program` on a `Timeline` with a hardware description.
 
 It reads the same per-rank programs the executor runs and gives each action a duration:
 
@@ -12,13 +12,13 @@ It reads the same per-rank programs the executor runs and gives each action a du
   collective per action over the action's group (``dp``/``tp`` stream of each member), starting
   when every member has issued it and its stream is free. The action's calls run back to back
   (their latencies add), except a ``coalesced`` group on a device that launches coalesced calls
-  together (``Profile.coalesces``): one latency, the transfers add; for a group of rooted
+  together (``Hardware.coalesces``): one latency, the transfers add; for a group of rooted
   reduces/broadcasts (uneven DP shards) the busiest member's transfers, which are every piece but
   its own.
 - ``Wait``: the host blocks until the collective ends, then copies out (``finish_elems``). Of a
   parameter-sync wait, the part before the last DP peer issued the gather (that peer's optimizer
   step was still running) is kept apart as ``peer_ms``: step imbalance, not communication.
-- ``Compute`` / ``Apply`` / ``Elementwise``: the profile's optimizer, apply and AdamW costs.
+- ``Compute`` / ``Apply`` / ``Elementwise``: the hardware's optimizer, apply and AdamW costs.
 
 After backward each rank runs on by itself; a rank stops at a ``Wait`` whose collective not
 every member has issued yet. If no rank can move, the programs deadlock: an error naming the
@@ -52,8 +52,8 @@ from canzona.program.actions import (
     Wait,
 )
 from canzona.program.lower import comm_of
+from canzona.sim.hardware import Hardware
 from canzona.sim.model import model_work
-from canzona.sim.profile import Profile
 from canzona.sim.timeline import Handle, Timeline
 
 _WAIT, _ISSUE, _HOST, _MARK = range(4)  # what a compiled action does (`ProgramSim._compiled`)
@@ -64,14 +64,14 @@ class Deadlock(RuntimeError):
 
 
 class ProgramSim:
-    def __init__(self, cfg, plan, programs: Sequence[Program], prof: Profile, scale: float, step_scale: float):
-        self.cfg, self.plan, self.prof = cfg, plan, prof
+    def __init__(self, cfg, plan, programs: Sequence[Program], hw: Hardware, scale: float, step_scale: float):
+        self.cfg, self.plan, self.hw = cfg, plan, hw
         self.programs = list(programs)
         self.dp, self.tp = plan.dp, plan.tp
         self.grid: RankLayout = plan.rank_layout
         self.world = self.grid.world
         self.scale, self.step_scale = scale, step_scale
-        self.tl = Timeline(self.world, prof.overlap, scale)
+        self.tl = Timeline(self.world, hw.overlap, scale)
         self.opt = cfg.optimizer.name if plan.matrix_rule else "adamw"
         self.ns = (cfg.optimizer.ns_dtype, cfg.optimizer.ns_steps)
         self.pending: dict[tuple, dict[int, tuple[float, Any]]] = {}
@@ -81,7 +81,7 @@ class ProgramSim:
         self.host_factor = [1.0] * self.world
         self.peer_s = [0.0] * self.world  # param-sync waits spent before the last peer issued
         # Derived once, read many times (ranks x actions x iterations): each rank's group of a
-        # given axis, each group's profile level, per rank and tag the group of its collective
+        # given axis, each group's hardware level (intra / inter node), per rank and tag the group of its collective
         # (None: no calls) and the seconds of its copy-out, and the host seconds of an action's
         # work by its content (ranks computing the same items cost the same).
         self._groups: dict[tuple[str, int], tuple[tuple, tuple[int, ...]]] = {}
@@ -112,14 +112,14 @@ class ProgramSim:
     def _level(self, gid: tuple, members: Sequence[int]) -> str:
         level = self._levels.get(gid)
         if level is None:
-            level = self._levels[gid] = self.prof.level(members)
+            level = self._levels[gid] = self.hw.level(members)
         return level
 
     def _copy_out(self, comm) -> float | None:
         """Seconds of the host copy after a wait on `comm` (None: nothing to copy)."""
         if not comm.finish_elems:
             return None
-        return self.prof.copy(comm.finish_elems * DTYPE_BYTES[comm.calls()[0].dtype])
+        return self.hw.copy(comm.finish_elems * DTYPE_BYTES[comm.calls()[0].dtype])
 
     def _key(self, r: int, comm, it: int | None = None) -> tuple:
         gid = self._gid[r][comm.tag]
@@ -134,7 +134,7 @@ class ProgramSim:
         if not calls:
             return
         if comm.pack_elems:
-            self.host(r, self.prof.copy(comm.pack_elems * DTYPE_BYTES[calls[0].dtype]))
+            self.host(r, self.hw.copy(comm.pack_elems * DTYPE_BYTES[calls[0].dtype]))
         gid, members = self._group(calls[0].axis, r)
         key = (gid, comm.tag, self.it)
         slot = self.pending.get(key)
@@ -146,10 +146,10 @@ class ProgramSim:
 
     def _seconds(self, per_member: list, members: Sequence[int], level: str | None = None) -> tuple[float, float]:
         """(seconds, transfer seconds) of one action's calls over ``members`` (``level``: the
-        profile's level of that group, if known)."""
-        prof = self.prof
+        hardware's level of that group, if known)."""
+        hw = self.hw
         first = per_member[0]
-        level = level or prof.level(members)
+        level = level or hw.level(members)
         lats, trs = [], []
         for k, c in enumerate(first):
             width = DTYPE_BYTES[c.dtype]
@@ -160,10 +160,10 @@ class ProgramSim:
                 nbytes = c.out_elems * width
             else:  # all_reduce, reduce_scatter, reduce, broadcast: the full buffer
                 nbytes = c.in_elems * width
-            lat, tr = prof.collective_parts(c.op, nbytes, members, level)
+            lat, tr = hw.collective_parts(c.op, nbytes, members, level)
             lats.append(lat)
             trs.append(tr)
-        if not (first[0].coalesced and prof.coalesces):
+        if not (first[0].coalesced and hw.coalesces):
             return sum(lats) + sum(trs), sum(trs)
         if all(c.op in ("reduce", "broadcast") and c.root is not None for c in first):
             # rooted calls launched together (uneven DP shards): each piece travels a chain that
@@ -220,7 +220,7 @@ class ProgramSim:
         first = [p.actions[:2] for p in self.programs]
         if not all(isinstance(a[0], Forward) and isinstance(a[1], Backward) for a in first):
             raise ValueError("every program must start with Forward, Backward")
-        self.work = model_work(self.cfg, self.plan, self.prof, self.members("tp", 0)[1])
+        self.work = model_work(self.cfg, self.plan, self.hw, self.members("tp", 0)[1])
         overlapped = any(p.actions[0].waits for p in self.programs)
         self.it = -1
         for r, p in enumerate(self.programs):  # gathers "left by a previous step"
@@ -327,7 +327,7 @@ class ProgramSim:
                     calls = a.calls()
                     if calls:
                         gid, members = self._group(calls[0].axis, r)
-                        pack = self.prof.copy(a.pack_elems * DTYPE_BYTES[calls[0].dtype]) if a.pack_elems else None
+                        pack = self.hw.copy(a.pack_elems * DTYPE_BYTES[calls[0].dtype]) if a.pack_elems else None
                         rops.append((_ISSUE, calls, gid, members, calls[0].axis, pack, a.phase, a.tag))
                         continue
                     op = (_HOST, None, a.phase, a.tag)
@@ -391,7 +391,7 @@ class ProgramSim:
     def _host_seconds(self, a) -> float:
         """Host seconds of a rank's own work after backward (the same for every rank doing the
         same items or ranges: kept by content)."""
-        prof, plan = self.prof, self.plan
+        hw, plan = self.hw, self.plan
         if isinstance(a, Compute):
             key = ("compute", a.items)
         elif isinstance(a, Apply):
@@ -407,13 +407,13 @@ class ProgramSim:
             return seconds
         if isinstance(a, Compute):
             shapes = [shape for i in a.items for _, shape in plan.params[i].matrices]
-            seconds = prof.matrix_call(self.opt, shapes, *self.ns)
+            seconds = hw.matrix_call(self.opt, shapes, *self.ns)
         elif isinstance(a, Apply):
-            seconds = prof.apply(plan.params[i].local_numel(self.tp) for i in a.items)
+            seconds = hw.apply(plan.params[i].local_numel(self.tp) for i in a.items)
         elif isinstance(a, Elementwise):
-            seconds = prof.adamw(e - s for s, e in a.ranges)
+            seconds = hw.adamw(e - s for s, e in a.ranges)
         else:  # one pass over fp32 gradients (norm, scaling) or fp32 main -> model parameters
-            seconds = prof.copy(4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges))
+            seconds = hw.copy(4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges))
         self._host_s[key] = seconds
         return seconds
 

@@ -1,7 +1,7 @@
 """The model's side of an iteration: forward flops and the backward walk that fills buckets.
 
 Flops per rank (`forward_flops`): ``2·T·(local weight elements of the matmuls)`` forward, T =
-micro_batch·seq_len tokens, plus attention; backward twice that. Seconds come from the profile's
+micro_batch·seq_len tokens, plus attention; backward twice that. Seconds come from the hardware's
 `PassTiming` (fixed + per layer + flops / rate). With TP, Megatron's activation all-reduces of
 b·s·hidden (2 per layer and 1 for the embedding forward, 2 per layer and 1 for the output layer
 backward, 3 small ones in the vocab-parallel cross-entropy, 2 q/k-norm grad all-reduces per
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from canzona.config import TrialConfig
 from canzona.inventory import ModelConfig, build_inventory
 from canzona.plan.types import Plan
-from canzona.sim.profile import Profile
+from canzona.sim.hardware import Hardware
 
 BYTES = 4  # the executor's grad and param buffers are fp32
 HOOK_COPY_FACTOR = 1.5  # grad_view.add_(grad): read two, write one (in units of one copy)
@@ -63,7 +63,7 @@ def forward_flops(mcfg: ModelConfig, tp: int, micro_batch: int, seq_len: int) ->
     return 2.0 * tokens * elems + mcfg.num_layers * 4.0 * (mcfg.heads * mcfg.head_dim / tp) * seq_len * tokens
 
 
-def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[int]) -> ModelWork:
+def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[int]) -> ModelWork:
     """Forward seconds and the backward walk per rank (all ranks do the same model work);
     flops from `forward_flops`."""
     mcfg = cfg.model_cfg()
@@ -79,14 +79,14 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
         return len(p.shape) == 2 and not p.name.startswith("embedding.")
 
     fwd_flops = forward_flops(mcfg, tp, b, s)
-    forward_s = prof.forward.seconds(fwd_flops, L)
-    bw = prof.backward
+    forward_s = hw.forward.seconds(fwd_flops, L)
+    bw = hw.backward
 
-    act = tokens * mcfg.hidden * prof.activation_bytes
-    ar_act = prof.collective("all_reduce", act, tp_ranks) if tp > 1 else 0.0
-    ar_small = prof.collective("all_reduce", tokens * BYTES, tp_ranks) if tp > 1 else 0.0
+    act = tokens * mcfg.hidden * hw.activation_bytes
+    ar_act = hw.collective("all_reduce", act, tp_ranks) if tp > 1 else 0.0
+    ar_small = hw.collective("all_reduce", tokens * BYTES, tp_ranks) if tp > 1 else 0.0
     if cfg.sequence_parallel:  # tp > 1
-        ag, rs = prof.collective("all_gather", act, tp_ranks), prof.collective("reduce_scatter", act, tp_ranks)
+        ag, rs = hw.collective("all_gather", act, tp_ranks), hw.collective("reduce_scatter", act, tp_ranks)
         # where plain TP all-reduces. Forward: (embedding, layer, head); backward: (head, qkv,
         # proj, fc1, fc2, embedding)
         fwd_tp = (rs, 2 * (ag + rs), ag + 3 * ar_small)
@@ -100,8 +100,8 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
         """The gradient hook: the copy into the buffer, and a replicated param's partial gradient
         (q/k norms; every norm with sequence parallelism) summed over TP first."""
         n = params[i].local_numel(tp)
-        partial = prof.collective("all_reduce", n * BYTES, tp_ranks) if params[i].tp_grad_allreduce and tp > 1 else 0.0
-        return prof.copy(HOOK_COPY_FACTOR * BYTES * n) + partial
+        partial = hw.collective("all_reduce", n * BYTES, tp_ranks) if params[i].tp_grad_allreduce and tp > 1 else 0.0
+        return hw.copy(HOOK_COPY_FACTOR * BYTES * n) + partial
 
     units: list[tuple[float, tuple[int, ...]]] = []
     by_layer: dict[int | None, list[int]] = {}
@@ -139,7 +139,7 @@ def model_work(cfg: TrialConfig, plan: Plan, prof: Profile, tp_ranks: Sequence[i
                 sec += bwd_fc2
             units.append((sec, (i,)))
     for i in emb:
-        units.append((prof.copy(BYTES * tokens * mcfg.hidden) + bwd_emb + hook(i), (i,)))
+        units.append((hw.copy(BYTES * tokens * mcfg.hidden) + bwd_emb + hook(i), (i,)))
     return ModelWork(forward_s, tuple(units), fwd_units, fwd_flops, tokens)
 
 

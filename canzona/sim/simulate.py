@@ -1,9 +1,9 @@
-"""Simulate one training iteration of any method on a device profile.
+"""Simulate one training iteration of any method on a hardware description.
 
 `simulate` lowers the plan to every rank's program (`canzona.program.lower`, the programs the
 executor runs) and runs them through `canzona.sim.interpret.ProgramSim` on a `Timeline`; the
 simulator holds no rules of its own about methods, collectives or the pipeline.
-`project(cfg, profile)` returns a summary-like dict (see its docstring); `write_trial` records
+`project(cfg, hardware)` returns a summary-like dict (see its docstring); `write_trial` records
 it like a measured trial; ``python -m canzona.sim.simulate`` prints one projection.
 """
 
@@ -19,28 +19,32 @@ import numpy as np
 
 from canzona.config import TrialConfig
 from canzona.devices import threads_per_rank
+from canzona.overrides import Renamed
 from canzona.plan.summary import plan_record
 from canzona.plan.types import Plan
 from canzona.program.count import count_programs
 from canzona.program.lower import lower
 from canzona.records import PHASES, write_records
 from canzona.sim.claims import PAPER_CLAIMS  # re-exported: the paper's headline, beside projections
+from canzona.sim.hardware import Hardware, load_hardware
 from canzona.sim.interpret import ProgramSim
 from canzona.sim.model import ModelWork, forward_flops, model_work
-from canzona.sim.profile import Profile, load_profile
+
+# The command's own keys that were renamed (its trial keys: `canzona.config.RENAMED`).
+RENAMED = {"profile": Renamed("hardware", "the hardware file: h100, h200, a100, local, or a YAML path")}
 
 
 # ---------------------------------------------------------------------------------- entry points
-def oversubscription(cfg: TrialConfig, prof: Profile) -> tuple[float, int, int]:
-    """CPU profiles: (ranks × threads per rank / cores, at least 1; threads; cores)."""
-    cores = prof.device.get("cores")
-    if prof.device.get("kind", "cpu") != "cpu" or not cores:
+def oversubscription(cfg: TrialConfig, hw: Hardware) -> tuple[float, int, int]:
+    """CPU hardware: (ranks × threads per rank / cores, at least 1; threads; cores)."""
+    cores = hw.device.get("cores")
+    if hw.device.get("kind", "cpu") != "cpu" or not cores:
         return 1.0, 1, 0
     threads = threads_per_rank(cfg, cores=int(cores))  # as a trial of this world on those cores would run
     return max(1.0, cfg.world_size * threads / int(cores)), threads, int(cores)
 
 
-def simulate(cfg: TrialConfig, profile: Any, plan: Plan | None = None) -> ProgramSim:
+def simulate(cfg: TrialConfig, hardware: Any, plan: Plan | None = None) -> ProgramSim:
     """Run the timeline of one iteration; returns the simulator (timeline in ``.tl``).
 
     On an oversubscribed CPU (more ranks × threads than cores) every duration is stretched by
@@ -51,51 +55,51 @@ def simulate(cfg: TrialConfig, profile: Any, plan: Plan | None = None) -> Progra
     from canzona.cost import select_cost_model
     from canzona.plan.methods import make_plan
 
-    prof = load_profile(profile)
-    if plan is None:  # planned for the profile's device, with its roofline where it is not this machine's
-        kind = str(prof.device.get("kind", "cpu"))
-        plan = make_plan(cfg, device=kind, cost_model=select_cost_model(cfg, kind, profile=prof))
+    hw = load_hardware(hardware)
+    if plan is None:  # planned for the hardware's device, with its roofline where it is not this machine's
+        kind = str(hw.device.get("kind", "cpu"))
+        plan = make_plan(cfg, device=kind, cost_model=select_cost_model(cfg, kind, hardware=hw))
     programs = lower(plan)
-    scale, threads, cores = oversubscription(cfg, prof)
-    sim = ProgramSim(cfg, plan, programs, prof, scale, scale)
+    scale, threads, cores = oversubscription(cfg, hw)
+    sim = ProgramSim(cfg, plan, programs, hw, scale, scale)
     sim.run()
     if scale > 1.0:
         step_scale = min(scale, max(1.0, sim.step_runnable() * threads / cores))
-        sim = ProgramSim(cfg, plan, programs, prof, scale, step_scale)
+        sim = ProgramSim(cfg, plan, programs, hw, scale, step_scale)
         sim.run()
     sim.programs_ = programs
     return sim
 
 
-def assumptions(cfg: TrialConfig, prof: Profile, scale: float, step_scale: float = 1.0,
+def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float = 1.0,
                 plan: Plan | None = None) -> list[str]:
     """What a projection rests on, one line each (shown with every projection in the report)."""
     from canzona.optim import registry
 
     opt = cfg.optimizer.name
-    has_table = bool(prof.batched.get(opt))
+    has_table = bool(hw.batched.get(opt))
     ex = plan.execution if plan is not None else None
     matmul_dtype = registry.get(opt).matmul_dtype(cfg.optimizer) if opt in registry.NAMES else "float32"
     out = [
-        f"profile {prof.name} ({prof.source}); device {prof.device.get('name')}",
+        f"hardware {hw.name} ({hw.source}); device {hw.device.get('name')}",
         "the programs the executor runs (canzona.program.lower), interpreted on a per-rank timeline: a collective "
         "starts when every member has issued it and its stream is free; a rank blocks at a wait",
         "steady state: with the overlapped parameter gather two iterations are simulated and the second measured; "
         "the median step has no Shampoo/SOAP preconditioner refresh",
         "forward flops 2·T·(local matmul weights, output layer included) + 4·L·(heads·head_dim/tp)·seq·T, "
-        "backward twice that, at the profile's rate plus fixed and per-layer overheads; "
+        "backward twice that, at the hardware's rate plus fixed and per-layer overheads; "
         + (f"{cfg.train.grad_accum} micro-batches per iteration (gradient accumulation)" if cfg.train.grad_accum > 1
            else "one micro-batch per iteration (no gradient accumulation)")
         + ", no pipeline parallelism, "
         + ("full activation recomputation (each layer's forward, TP collectives included, again in backward)"
            if cfg.train.recompute == "full" else "no activation recomputation"),
-        (f"Megatron sequence parallelism: b·s·hidden {prof.model_dtype} activations all-gathered into each "
+        (f"Megatron sequence parallelism: b·s·hidden {hw.model_dtype} activations all-gathered into each "
          "column-parallel linear and reduce-scattered out of each row-parallel one (forward: 2 + 2 per layer, "
          "embedding reduce-scatter, output-layer all-gather; backward: the column-parallel inputs gathered again, "
          "4 all-gathers + 2 reduce-scatters per layer), 3 small cross-entropy all-reduces, the norms' partial "
          "gradients all-reduced over TP; all on the critical path (Megatron hides part of the backward's behind "
          "the weight-gradient GEMMs)") if cfg.sequence_parallel else
-        (f"Megatron TP all-reduces of b·s·hidden {prof.model_dtype} activations: 2 per layer + 1 embedding forward, "
+        (f"Megatron TP all-reduces of b·s·hidden {hw.model_dtype} activations: 2 per layer + 1 embedding forward, "
          "2 per layer + 1 output layer backward, 3 small cross-entropy all-reduces; no sequence parallelism"),
     ]
     if ex is not None:
@@ -110,31 +114,31 @@ def assumptions(cfg: TrialConfig, prof: Profile, scale: float, step_scale: float
              "waited for in the pre-hook of the first module using it, which dispatches the next"
              if ex.overlap_param_gather else "parameter all-gather after the step, not overlapped"),
             f"uneven DP shards: dist.dp_collective={ex.dp_collective} (per bucket: even, padded, or the per-shard "
-            "rooted calls as one coalesced group" + ("" if prof.coalesces else ", run one after another on this device")
+            "rooted calls as one coalesced group" + ("" if hw.coalesces else ", run one after another on this device")
             + "); bucket reductions issued from backward hooks" * ex.overlap_grad_reduce,
         ]
     out += [
         "collectives: latency + (steps - 1)·step latency + bytes/bandwidth, ring volumes and steps (all-reduce: "
         "the tree's 2·log2 P steps when fewer); a group spanning more than one node runs at the network bandwidth "
         "(one NIC per GPU); concurrent groups do not contend",
-        f"ranks TP-contiguous (rank = dp_rank·tp + tp_rank), {prof.ranks_per_node or 'all'} ranks per node",
-        f"communication/compute overlap fraction {prof.overlap:g}",
-        ("optimizer updates from the profile's measured per-shape table (unmeasured shapes scaled by flops), "
+        f"ranks TP-contiguous (rank = dp_rank·tp + tp_rank), {hw.ranks_per_node or 'all'} ranks per node",
+        f"communication/compute overlap fraction {hw.overlap:g}",
+        ("optimizer updates from the hardware file's measured per-shape table (unmeasured shapes scaled by flops), "
          "matrix by matrix as the executor runs them"
          if has_table else
-         f"optimizer updates from flops at {prof.matmul_flops.get(matmul_dtype, prof.matmul_flops['float32']) / 1e12:.3g} "
+         f"optimizer updates from flops at {hw.matmul_flops.get(matmul_dtype, hw.matmul_flops['float32']) / 1e12:.3g} "
          f"TFLOP/s ({matmul_dtype}) plus elementwise passes at the memory bandwidth, matrix by matrix"),
     ]
     if scale > 1.0:
-        out.append(f"CPU oversubscribed: {cfg.world_size} ranks on {prof.device.get('cores')} cores: durations ×{scale:.2g}, "
+        out.append(f"CPU oversubscribed: {cfg.world_size} ranks on {hw.device.get('cores')} cores: durations ×{scale:.2g}, "
                    f"in the optimizer step ×{step_scale:.2g} (only busy ranks compete)")
-    calib_threads = prof.device.get("threads")
-    if prof.device.get("kind") == "cpu" and calib_threads and cfg.dist.threads_per_rank not in (None, calib_threads):
-        out.append(f"trial uses {cfg.dist.threads_per_rank} threads per rank, the profile was timed with {calib_threads}")
+    calib_threads = hw.device.get("threads")
+    if hw.device.get("kind") == "cpu" and calib_threads and cfg.dist.threads_per_rank not in (None, calib_threads):
+        out.append(f"trial uses {cfg.dist.threads_per_rank} threads per rank, the hardware file was timed with {calib_threads}")
     return out
 
 
-def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events: str = "auto") -> dict[str, Any]:
+def project(cfg: TrialConfig, hardware: Any, *, plan: Plan | None = None, events: str = "auto") -> dict[str, Any]:
     """Predicted summary of one trial (one iteration, max over ranks, milliseconds).
 
     Keys: ``iteration_ms``, ``optimizer_step_ms``, ``param_sync_ms``, ``param_sync_transfer_ms``
@@ -145,13 +149,13 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
     summary.json, all equal), ``phases_ms`` (max over ranks per phase), ``breakdown`` (the
     critical rank's optimizer step by phase), ``steps`` (one steps.jsonl-style row per rank,
     ``events`` in the records format plus comm-stream events with ``lane``), ``plan``,
-    ``world``, ``projected: True``, ``profile``, ``assumptions``, ``config``, ``sim_seconds``.
+    ``world``, ``projected: True``, ``hardware``, ``assumptions``, ``config``, ``sim_seconds``.
     ``events``: "all", "none", or "auto" (all ranks up to 64, else the critical, the fastest
     and rank 0).
     """
     t0 = time.perf_counter()
-    prof = load_profile(profile)
-    sim = simulate(cfg, prof, plan)
+    hw = load_hardware(hardware)
+    sim = simulate(cfg, hw, plan)
     tl, plan_ = sim.tl, sim.plan
     world = sim.world
     metrics = count_programs(plan_, sim.programs_)
@@ -179,8 +183,8 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
     phases_max = {p: max(row[f"{p}_ms"] for row in rows) for p in PHASES}
     out: dict[str, Any] = {
         "projected": True,
-        "profile": prof.describe(),
-        "assumptions": assumptions(cfg, prof, sim.scale, sim.step_scale, plan_),
+        "hardware": hw.describe(),
+        "assumptions": assumptions(cfg, hw, sim.scale, sim.step_scale, plan_),
         "iteration_ms": max(iter_ms),
         "optimizer_step_ms": max(step_ms),
         "param_sync_ms": phases_max["param_sync"],
@@ -203,7 +207,7 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
         "model_flops_per_rank": {"forward": sim.work.forward_flops, "tokens": sim.work.tokens},
         "steps": rows,
         "world": {"world_size": world, "dp": sim.dp, "tp": sim.tp, "backend": "simulated",
-                  "device": prof.device.get("kind"), "device_name": prof.device.get("name")},
+                  "device": hw.device.get("kind"), "device_name": hw.device.get("name")},
         "plan": plan_record(plan_, metrics),
         "config": cfg.to_dict(),
     }
@@ -214,27 +218,27 @@ def project(cfg: TrialConfig, profile: Any, *, plan: Plan | None = None, events:
     return out
 
 
-def write_trial(cfg: TrialConfig, profile: Any, out: str | Path) -> dict[str, Any]:
+def write_trial(cfg: TrialConfig, hardware: Any, out: str | Path) -> dict[str, Any]:
     """Project one trial and write its records like a measured trial (canzona/records.py):
     config.yaml, steps.jsonl (one row per rank, ``projected: true``), summary.json (the
-    `project` dict less ``steps``, plus ``profile_inputs`` (`Profile.inputs`), ``peak_memory_mb: None``,
+    `project` dict less ``steps``, plus ``hardware_inputs`` (`Hardware.inputs`), ``peak_memory_mb: None``,
     ``host``, ``versions``).
     The sweep launcher's status.json is not written. Returns the summary."""
     out = Path(out)
-    prof = load_profile(profile)
-    res = project(cfg, prof)
+    hw = load_hardware(hardware)
+    res = project(cfg, hw)
     rows = [{**r, "projected": True} for r in res.pop("steps")]
-    summary = {**res, "profile_inputs": prof.inputs(), "peak_memory_mb": None, "host": "simulated",
-               "versions": {"simulator": "canzona.sim", "profile": res["profile"]["name"]}}
+    summary = {**res, "hardware_inputs": hw.inputs(), "peak_memory_mb": None, "host": "simulated",
+               "versions": {"simulator": "canzona.sim", "hardware": res["hardware"]["name"]}}
     write_records(out, {**cfg.to_dict(), "out": str(out)}, rows, summary)
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m canzona.sim.simulate profile=h100 model=qwen3-32b parallel.dp=32 parallel.tp=8 [--json]``."""
+    """``python -m canzona.sim.simulate hardware=h100 model=qwen3-32b parallel.dp=32 parallel.tp=8 [--json]``."""
     from canzona.config import SHORTHANDS, load_config, trial_key_docs
     from canzona.errors import ConfigError
-    from canzona.overrides import split_argv
+    from canzona.overrides import refuse_renamed, split_argv
 
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
@@ -244,10 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         args = split_argv(argv, flags=("--json",), shorthands=SHORTHANDS,
-                          keys=["profile", *(d.key for d in trial_key_docs())])
-        profile = next((v for k, v in args.overrides if k == "profile"), "h100")
-        cfg = load_config([f"{k}={v}" for k, v in args.overrides if k != "profile"])
-        res = project(cfg, profile, events="none")
+                          keys=["hardware", *(d.key for d in trial_key_docs())])
+        refuse_renamed(RENAMED, args.overrides)
+        hardware = next((v for k, v in args.overrides if k == "hardware"), "h100")
+        cfg = load_config([f"{k}={v}" for k, v in args.overrides if k != "hardware"])
+        res = project(cfg, hardware, events="none")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -255,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         res.pop("steps")
         print(json.dumps(res, indent=2, default=str))
         return 0
-    print(f"{cfg.method.label} {cfg.optimizer.name} {cfg.model.name} dp={cfg.parallel.dp} tp={cfg.parallel.tp} on {profile} "
+    print(f"{cfg.method.label} {cfg.optimizer.name} {cfg.model.name} dp={cfg.parallel.dp} tp={cfg.parallel.tp} on {hardware} "
           f"(projected): iteration {res['iteration_ms']:.1f} ms, optimizer step {res['optimizer_step_ms']:.2f} ms, "
           f"param sync {res['param_sync_ms']:.2f} ms")
     print("  phases (max over ranks, ms): " + ", ".join(f"{k} {v:.2f}" for k, v in res["phases_ms"].items() if v))

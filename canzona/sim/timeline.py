@@ -7,7 +7,7 @@ collective is only created once every member has reached it. Rules:
 
 - host work advances that rank's host clock;
 - a collective starts when every member has issued it (their host clocks) and every member's
-  stream for that group kind is free, runs for the profile's time, and occupies those streams
+  stream for that group kind is free, runs for the hardware's time, and occupies those streams
   (collectives of one group kind run in issue order, as on one NCCL communicator or gloo pair);
 - waiting on a collective moves the host clock to its end (if later);
 - ``overlap`` < 1 (CPU / gloo: communication shares the cores with compute): a fraction

@@ -1,9 +1,9 @@
 """Predicted vs measured: run the simulator on recorded trials and report the error.
 
-- `compare(trial_dir, profile)`: one trial folder (config.yaml, summary.json, steps.jsonl).
-- `compare_sweep(sweep_dir, profile)`: every finished trial under a folder, plus the median
+- `compare(trial_dir, hardware)`: one trial folder (config.yaml, summary.json, steps.jsonl).
+- `compare_sweep(sweep_dir, hardware)`: every finished trial under a folder, plus the median
   absolute % error and the worst case per method and overall.
-- CLI: ``python -m canzona.sim.validate DIR [profile=profiles/local.yaml] [--json]`` (unknown
+- CLI: ``python -m canzona.sim.validate DIR [hardware=hardware/local.yaml] [--json]`` (unknown
   keys or flags: one line, exit 2).
 
 Measured values are the trial's own aggregates: per measured step the max over ranks, then the
@@ -15,7 +15,7 @@ error each row therefore carries a *load-adjusted* one: the prediction times the
 ``load_factor`` = measured ÷ predicted forward + backward (the model's work is the same for
 every method, so this factor measures the machine, not the method). The raw error says how far
 to trust an absolute projection; the adjusted one how far to trust the simulator's structure
-(balance, communication, overlap), which is what carries over to another device profile.
+(balance, communication, overlap), which is what carries over to other hardware.
 
 The simulator re-plans each trial from its config with today's planner. When the recorded plan
 (micro-group counts, memory imbalance in summary.json) differs -- the planner or cost model
@@ -34,12 +34,20 @@ from typing import Any
 
 import yaml
 
-from canzona.config import load_config
+from canzona.config import load_config, read_config
 from canzona.errors import ConfigError
-from canzona.overrides import build, split_argv
-from canzona.records import CONFIG_FILE, PHASES, STATUS_FILE, STEPS_FILE, SUMMARY_FILE, read_jsonl
+from canzona.overrides import Renamed, build, split_argv
+from canzona.records import (
+    CONFIG_FILE,
+    PHASES,
+    STATUS_FILE,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    read_jsonl,
+    read_summary,
+)
 from canzona.schema_doc import setting
-from canzona.sim.profile import Profile, load_profile
+from canzona.sim.hardware import Hardware, load_hardware
 from canzona.sim.simulate import project
 
 METRICS = ("optimizer_step_ms", "iteration_ms", "param_sync_ms", "grad_reduce_ms")
@@ -80,21 +88,22 @@ def _same_plan(recorded: dict[str, Any], planned: dict[str, Any]) -> bool | None
     return mem is None or abs(mem - planned["imbalance"]["memory"]) <= 1e-6 * max(1.0, abs(mem))
 
 
-def compare(trial_dir: str | Path, profile: Any) -> dict[str, Any]:
-    """Predicted vs measured for one recorded trial; a flat row (plus ``phases``)."""
+def compare(trial_dir: str | Path, hardware: Any) -> dict[str, Any]:
+    """Predicted vs measured for one recorded trial (records of any age); a flat row (plus
+    ``phases``)."""
     trial_dir = Path(trial_dir)
-    prof = load_profile(profile)
-    raw = yaml.safe_load((trial_dir / CONFIG_FILE).read_text())
+    hw = load_hardware(hardware)
+    raw = read_config(yaml.safe_load((trial_dir / CONFIG_FILE).read_text()))
     raw.pop("out", None)
     cfg = load_config(base=raw)
-    summary = json.loads((trial_dir / SUMMARY_FILE).read_text())
+    summary = read_summary(json.loads((trial_dir / SUMMARY_FILE).read_text()))
     steps = read_jsonl(trial_dir / STEPS_FILE) if (trial_dir / STEPS_FILE).exists() else []
-    pred = project(cfg, prof, events="none")
+    pred = project(cfg, hw, events="none")
     rec = summary.get("plan") or {}
     row: dict[str, Any] = {
         "trial": trial_dir.name, "method": cfg.method.label, "optimizer": cfg.optimizer.name,
         "model": cfg.model_cfg().name, "dp": cfg.parallel.dp, "tp": cfg.parallel.tp,
-        "dp_collective": cfg.dist.dp_collective, "profile": prof.name,
+        "dp_collective": cfg.dist.dp_collective, "hardware": hw.name,
         "plan_matches": _same_plan(rec, pred["plan"]),
     }
     for m in METRICS:
@@ -171,18 +180,18 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def compare_sweep(sweep_dir: str | Path, profile: Any) -> dict[str, Any]:
-    """Every finished trial under `sweep_dir`: ``{"profile", "trials": [rows], "by_method": [...],
+def compare_sweep(sweep_dir: str | Path, hardware: Any) -> dict[str, Any]:
+    """Every finished trial under `sweep_dir`: ``{"hardware", "trials": [rows], "by_method": [...],
     "overall": {...}, "errors": [...]}`` (rows as `compare`; a trial that cannot be simulated is
     listed under errors, not raised)."""
-    prof: Profile = load_profile(profile)
+    hw: Hardware = load_hardware(hardware)
     rows, errors = [], []
     for d in trial_dirs(sweep_dir):
         try:
-            rows.append(compare(d, prof))
+            rows.append(compare(d, hw))
         except Exception as e:  # noqa: BLE001 - one bad record must not hide the rest
             errors.append({"trial": d.name, "error": f"{type(e).__name__}: {e}"})
-    return {"profile": prof.describe(), "trials": rows, **summarise(rows), "errors": errors}
+    return {"hardware": hw.describe(), "trials": rows, **summarise(rows), "errors": errors}
 
 
 def to_frame(result: dict[str, Any]):
@@ -202,10 +211,12 @@ def _fmt(v: float | None, pct: bool = False) -> str:
 class ValidateArgs:
     """The command's ``key=value`` settings."""
 
-    profile: str = setting("profiles/local.yaml", "device profile: a name under profiles/ or a YAML path")
+    hardware: str = setting("hardware/local.yaml", "hardware file: a name under hardware/ or a YAML path")
 
 
-USAGE = "python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [profile=profiles/local.yaml] [--json]"
+# The command's keys that were renamed: refused with one line naming the new one.
+RENAMED = {"profile": Renamed("hardware", "the hardware file: a name under hardware/ or a YAML path")}
+USAGE = "python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [hardware=hardware/local.yaml] [--json]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,18 +230,18 @@ def main(argv: list[str] | None = None) -> int:
         parts = split_argv(argv, flags=("--json",), positionals=1, usage=USAGE)
         if not parts.positionals:
             raise ConfigError(f"missing TRIAL_OR_SWEEP_DIR; usage: {USAGE}")
-        args = build(ValidateArgs, parts.overrides, what="validate")
+        args = build(ValidateArgs, parts.overrides, what="validate", renamed=RENAMED)
         target = Path(parts.positionals[0])
         if not target.is_dir():
             raise ConfigError(f"{str(target)!r} is not a folder; usage: {USAGE}")
-        res = compare_sweep(target, args.profile)
+        res = compare_sweep(target, args.hardware)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if "--json" in parts.flags:
         print(json.dumps(res, indent=2, default=str))
         return 0
-    print(f"profile {res['profile']['name']} ({res['profile']['source']}); {len(res['trials'])} trials")
+    print(f"hardware {res['hardware']['name']} ({res['hardware']['source']}); {len(res['trials'])} trials")
     print(f"{'trial':48s} {'load':>5s} {'adj':>5s} {'step pred':>9s} {'meas':>7s} {'err':>5s}   {'iter pred':>9s} {'meas':>7s} {'err':>5s}")
     for r in res["trials"]:
         lf = f"{r['load_factor']:.2f}" if r.get("load_factor") else "-"

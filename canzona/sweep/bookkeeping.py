@@ -30,13 +30,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from canzona.records import STATUS_FILE, SUMMARY_FILE, atomic_write_json, atomic_write_text
+from canzona.records import (
+    STATUS_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    SUMMARY_FILE,
+    atomic_write_json,
+    atomic_write_text,
+    read_summary,
+)
 
-# TODO: move to `canzona.records` beside the trial folder's names (not edited in this change).
-SWEEP_FILE = "sweep.json"  # the sweep's manifest, in the results folder
-PROFILE_FILE = "profile.yaml"  # a projected sweep's device profile, in the results folder
-DRYRUN_CSV = "dryrun.csv"  # a dry-run sweep's memory table, in the results folder
-STDOUT_FILE, STDERR_FILE = "stdout.txt", "stderr.txt"  # a run's log tails, in its folder
 TAIL_LINES = 200
 TAIL_BYTES = 64_000
 
@@ -162,4 +165,6 @@ def write_tails(trial_dir: Path, stdout: list[Path], stderr: list[Path], note: s
 
 
 def load_summary(trial_dir: Path) -> dict[str, Any] | None:
-    return read_json(Path(trial_dir) / SUMMARY_FILE)
+    """The run's summary.json under today's key names (`canzona.records.read_summary`), or None."""
+    summary = read_json(Path(trial_dir) / SUMMARY_FILE)
+    return read_summary(summary) if isinstance(summary, dict) else summary

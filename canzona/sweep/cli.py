@@ -17,8 +17,16 @@ from typing import TextIO
 import yaml
 
 from canzona.errors import ConfigError
-from canzona.records import atomic_write_json, atomic_write_text, writable_folder
-from canzona.sim.profile import Profile, load_profile
+from canzona.records import (
+    DRYRUN_CSV,
+    HARDWARE_FILE,
+    OLD_HARDWARE_FILE,
+    SWEEP_FILE,
+    atomic_write_json,
+    atomic_write_text,
+    writable_folder,
+)
+from canzona.sim.hardware import Hardware, load_hardware
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.dryrun import memory_table
 from canzona.sweep.expand import build_plan
@@ -64,15 +72,16 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
 
 
 def check_environment(plan: SweepPlan) -> None:
-    """What the plan needs from this machine: sbatch for Slurm, a readable device profile."""
+    """What the plan needs from this machine: sbatch for Slurm, a readable hardware file."""
     s = plan.settings
     if s.cluster == "slurm" and not s.list and shutil.which("sbatch") is None:
         raise ConfigError("cluster=slurm needs sbatch on PATH (run on a login node), or add list=true")
-    if s.sim.profile or s.cluster == "simulate":
-        try:  # a missing or invalid device profile: one line, exit 2
-            load_profile(plan.sim_profile)
+    hardware = plan.sim_hardware  # for every sweep: a profiles/local.yaml of before the rename is one line, exit 2
+    if s.sim.hardware or s.cluster == "simulate":
+        try:  # a missing or invalid hardware file: one line, exit 2
+            load_hardware(hardware)
         except ConfigError as e:
-            raise ConfigError(f"sim.profile={plan.sim_profile}: {e}") from None
+            raise ConfigError(f"sim.hardware={hardware}: {e}") from None
 
 
 def list_sweeps(out: TextIO, configs_dir: Path = CONFIGS_DIR) -> int:
@@ -106,10 +115,10 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
     rd = plan.results_dir
     runs = plan.runs()
     states = {r.id: bk.trial_state(rd / r.id) for r in runs}
-    sim_prof = load_profile(plan.sim_profile) if s.cluster == "simulate" else None
+    sim_hw = load_hardware(plan.sim_hardware) if s.cluster == "simulate" else None
     restale = []
-    if sim_prof is not None:  # projected with another profile content: stale
-        restale = stale_trials(plan, sim_prof, states)
+    if sim_hw is not None:  # projected with another content of the hardware file: stale
+        restale = stale_trials(plan, sim_hw, states)
         states.update({rid: bk.STALE for rid in restale})
     to_run = [r for r in runs if bk.should_run(states[r.id], s.rerun)]
     skipped = len(runs) - len(to_run)
@@ -119,7 +128,7 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
         f"sweep {plan.sweep}"
         + (f" profile={plan.profile}" if plan.profile else "")
         + f" cluster={s.cluster}"
-        + (f" sim.profile={sim_prof.name} ({sim_prof.source})" if sim_prof is not None else "")
+        + (f" sim.hardware={sim_hw.name} ({sim_hw.source})" if sim_hw is not None else "")
         + ": "
         f"{count}, {len(to_run)} {verb}, {skipped} skipped (rerun={s.rerun}) -> {rd}/"
     )
@@ -129,11 +138,13 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
     rd.mkdir(parents=True, exist_ok=True)
     invocation = run_stamp()
     bk.set_invocation(invocation)
-    manifest = _manifest(plan, runs, sim_prof, invocation)
-    if sim_prof is not None:
-        # the profile itself, beside the projections it made (provenance)
-        atomic_write_text(rd / bk.PROFILE_FILE, yaml.safe_dump(sim_prof.raw, sort_keys=False))
-    atomic_write_json(rd / bk.SWEEP_FILE, manifest)
+    manifest = _manifest(plan, runs, sim_hw, invocation)
+    if sim_hw is not None:
+        # the hardware file itself, beside the projections it made (provenance); a folder projected
+        # before the rename has it as profile.yaml: one copy, under today's name
+        atomic_write_text(rd / HARDWARE_FILE, yaml.safe_dump(sim_hw.raw, sort_keys=False))
+        (rd / OLD_HARDWARE_FILE).unlink(missing_ok=True)
+    atomic_write_json(rd / SWEEP_FILE, manifest)
     run_ids = {r.id for r in to_run}
     for r in runs:
         if states[r.id] == bk.DONE and r.id not in run_ids:
@@ -142,15 +153,15 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
     if s.cluster == "simulate" and s.repeats > 1:
         print(f"[sweep] repeats={s.repeats} ignored: a projection is deterministic", file=out)
     if restale:
-        assert sim_prof is not None
+        assert sim_hw is not None
         print(
-            f"[sweep] {len(restale)} trial(s) were projected with another content of profile {sim_prof.name}: "
+            f"[sweep] {len(restale)} trial(s) were projected with another content of hardware {sim_hw.name}: "
             "projecting them again",
             file=out,
         )
     out.flush()
 
-    backend = make_backend(plan, log_root(rd, invocation), sim_prof)
+    backend = make_backend(plan, log_root(rd, invocation), sim_hw)
     code = run_loop(plan, backend, to_run, skipped, out)
     if code == 130:
         return code
@@ -160,22 +171,22 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
         done=sum(v == bk.DONE for v in final.values()),
         failed=sum(v != bk.DONE for v in final.values()),
     )
-    atomic_write_json(rd / bk.SWEEP_FILE, manifest)
+    atomic_write_json(rd / SWEEP_FILE, manifest)
     failed = any(v != bk.DONE for v in final.values())
     if s.cluster == "dryrun":  # memory per rank, not timings: a table and dryrun.csv, no HTML report
         print(memory_table(plan, runs), file=out)
-        print(rd / bk.DRYRUN_CSV, file=out)
+        print(rd / DRYRUN_CSV, file=out)
         return 1 if failed else 0
     print(summary_table(rd, runs), file=out)
     out.flush()
-    report_code = build_report(rd, out, profile=None if sim_prof is not None else plan.sim_profile)
+    report_code = build_report(rd, out, hardware=None if sim_hw is not None else plan.sim_hardware)
     return max(1 if failed else 0, report_code)
 
 
-def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_prof: Profile | None, invocation: str) -> dict:
+def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_hw: Hardware | None, invocation: str) -> dict:
     """sweep.json: what this sweep is, its settings and its trials with their run folders, this
     invocation and every earlier one on this results folder (a resumed sweep)."""
-    earlier = bk.read_json(plan.results_dir / bk.SWEEP_FILE) or {}
+    earlier = bk.read_json(plan.results_dir / SWEEP_FILE) or {}
     folders: dict[str, list[str]] = {}
     for r in runs:
         folders.setdefault(r.trial.id, []).append(r.id)
@@ -194,8 +205,8 @@ def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_prof: Profile | None, i
         "invocations": [*earlier.get("invocations", []), invocation],
         "ended": None,
     }
-    if sim_prof is not None:
-        manifest.update(projected=True, sim_profile=sim_prof.describe())
+    if sim_hw is not None:
+        manifest.update(projected=True, sim_hardware=sim_hw.describe())
     return manifest
 
 
@@ -240,15 +251,15 @@ def list_runs(
 
 
 # --------------------------------------------------------------------------- report
-def build_report(sweep_dir: Path, out: TextIO, profile: str | None = None) -> int:
+def build_report(sweep_dir: Path, out: TextIO, hardware: str | None = None) -> int:
     """Build the sweep's report with `analysis.report.build_report`; its path is the last
-    line printed. `profile`: the device profile of its predicted-vs-measured section (None: the
+    line printed. `hardware`: the hardware file of its predicted-vs-measured section (None: the
     report says how to make one). A failing report never loses results: it is shown, and the
     exit code says so (1)."""
     try:
         from analysis.report import build_report as report  # pandas, seaborn: imported when used
 
-        path = report(Path(sweep_dir), profile=profile)
+        path = report(Path(sweep_dir), hardware=hardware)
     except Exception as e:  # noqa: BLE001 - show it, keep the results
         out.flush()
         traceback.print_exc()

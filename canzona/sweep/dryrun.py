@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from canzona.records import DRYRUN_JSON, SUMMARY_FILE, atomic_write_json, atomic_write_text
+from canzona.records import DRYRUN_CSV, DRYRUN_JSON, SUMMARY_FILE, atomic_write_json, atomic_write_text
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.backend import Backend, Submitted
 from canzona.sweep.handles import FutureHandle, RunHandle, wait_any
@@ -122,7 +122,7 @@ def memory_table(plan: SweepPlan, runs: list[TrialRun]) -> str:
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["trial"])
     writer.writeheader()
     writer.writerows(rows)
-    atomic_write_text(Path(rd) / bk.DRYRUN_CSV, buf.getvalue())
+    atomic_write_text(Path(rd) / DRYRUN_CSV, buf.getvalue())
     width = max((len(x["trial"]) for x in rows), default=5)
     lines = [f"{'trial':<{width}}  {'dp':>3} {'tp':>2}  {'peak GiB/rank':>13}  80 GiB  141 GiB"]
     for x in rows:

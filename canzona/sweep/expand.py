@@ -2,7 +2,7 @@
 writes nothing.
 
 The grammar of sweep files is in `canzona.sweep.sweepfile`, the command line in
-`canzona.sweep.arguments`. Here the chosen profile's axes are multiplied out, ``exclude``
+`canzona.sweep.arguments`. Here the chosen sweep profile's axes are multiplied out, ``exclude``
 entries dropped, ``include`` entries added, command-line values and then ``rules`` applied,
 and every trial resolved and validated as a `TrialConfig`. Trials whose resolved configs are
 equal collapse into one (same trial id).
@@ -155,7 +155,7 @@ def resolve(dotted: dict[str, Any], tag: str) -> TrialConfig:
         cfg = validate(obj)
     except ConfigError as e:
         raise ConfigError(f"{tag}: {_with_allowed_tp(str(e), obj)}") from None
-    if cfg.canzona.cost == "measured":  # the profile file must exist and fit: check it now
+    if cfg.canzona.cost == "measured":  # canzona.measured_table must exist and fit: check it now
         from canzona.plan.methods import make_plan
 
         try:

@@ -14,8 +14,9 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from canzona.config import SHORTHANDS, TrialConfig
+from canzona.config import RENAMED, SHORTHANDS, TrialConfig
 from canzona.errors import ConfigError
+from canzona.overrides import refuse_renamed
 
 SCHEMA = OmegaConf.structured(TrialConfig)  # built once: merging into it is 4x faster than rebuilding
 TRIAL_SECTIONS = tuple(sorted(SCHEMA.keys()))
@@ -94,7 +95,9 @@ def nest(dotted: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_trial_key(key: str, where: str) -> None:
-    """Raise `ConfigError` unless ``key`` names a `TrialConfig` value."""
+    """Raise `ConfigError` unless ``key`` names a `TrialConfig` value (a renamed key: one line
+    naming the new one, `canzona.config.RENAMED`)."""
+    refuse_renamed(RENAMED, [(key, None)], where=where)
     node: Any = SCHEMA
     parts = key.split(".")
     for i, part in enumerate(parts):

@@ -38,7 +38,7 @@ from typing import Any
 import submitit
 
 from canzona.net import free_port
-from canzona.sim.profile import Profile
+from canzona.sim.hardware import Hardware
 from canzona.sweep.backend import Backend, Submitted
 from canzona.sweep.dryrun import DryRunBackend
 from canzona.sweep.handles import JobHandle, RunHandle, traceback_line
@@ -362,13 +362,13 @@ def backend_class(settings: SweepSettings) -> type[Backend]:
             "dryrun": DryRunBackend}[settings.cluster]
 
 
-def make_backend(plan: SweepPlan, log_root: Path, sim_profile: Profile | None = None) -> Backend:
-    """The plan's backend; `sim_profile`: the device profile a ``cluster=simulate`` sweep projects with."""
+def make_backend(plan: SweepPlan, log_root: Path, sim_hardware: Hardware | None = None) -> Backend:
+    """The plan's backend; `sim_hardware`: the hardware a ``cluster=simulate`` sweep projects with."""
     cls = backend_class(plan.settings)
     if cls is SimulateBackend:
-        if sim_profile is None:
-            raise ValueError("cluster=simulate needs the device profile to project with")
-        return SimulateBackend(plan, log_root, sim_profile)
+        if sim_hardware is None:
+            raise ValueError("cluster=simulate needs the hardware to project with")
+        return SimulateBackend(plan, log_root, sim_hardware)
     return cls(plan, log_root)
 
 

@@ -1,14 +1,14 @@
 """``cluster=simulate``: project every trial with `canzona.sim` instead of running it.
 
 Each trial is written by `canzona.sim.simulate.write_trial` into its folder (config.yaml,
-steps.jsonl, summary.json with ``projected: true``, the profile and the assumptions) and gets a
-status.json like any other cluster's (``cluster: simulate``, ``projected: true``, the device
-profile's name, source and fingerprint). Trials run in ``sim.workers`` processes (default one
-per core); a trial that raises is recorded as failed and the sweep goes on.
+steps.jsonl, summary.json with ``projected: true``, the hardware and the assumptions) and gets a
+status.json like any other cluster's (``cluster: simulate``, ``projected: true``, the hardware
+file's name, source and fingerprint). Trials run in ``sim.workers`` processes (default one per
+core); a trial that raises is recorded as failed and the sweep goes on.
 
 Resume and rerun work as for the other clusters, and a trial projected with a different
-profile *content* (its fingerprint) counts as stale, so editing or recalibrating a profile and
-running the same command again re-projects what changed.
+*content* of the hardware file (its fingerprint) counts as stale, so editing or recalibrating a
+hardware file and running the same command again re-projects what changed.
 """
 
 from __future__ import annotations
@@ -21,18 +21,19 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from canzona.sim.profile import Profile
+from canzona.records import STDERR_FILE
+from canzona.sim.hardware import Hardware
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.backend import Backend, Submitted
 from canzona.sweep.handles import FutureHandle, InlineFuture, RunHandle, wait_any
 from canzona.sweep.trials import SweepPlan, TrialRun
 
-_PROFILE: Profile | None = None  # the worker's profile (set once per process)
+_HARDWARE: Hardware | None = None  # the worker's hardware (set once per process)
 
 
-def _init(profile: Profile) -> None:
-    global _PROFILE
-    _PROFILE = profile
+def _init(hardware: Hardware) -> None:
+    global _HARDWARE
+    _HARDWARE = hardware
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
@@ -41,22 +42,23 @@ def _project_one(config: dict[str, Any], out: str) -> str | None:
     from canzona.config import load_config
     from canzona.sim.simulate import write_trial
 
-    assert _PROFILE is not None
+    assert _HARDWARE is not None
     try:
         cfg = load_config(base={k: v for k, v in config.items() if k != "out"})
-        write_trial(cfg, _PROFILE, out)
+        write_trial(cfg, _HARDWARE, out)
         return None
     except Exception as e:  # noqa: BLE001 - recorded on the trial, the sweep goes on
         tb = traceback.format_exc()
         try:
-            Path(out, bk.STDERR_FILE).write_text(tb)
+            Path(out, STDERR_FILE).write_text(tb)
         except OSError:
             pass
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:2000]
 
 
-def stale_trials(plan: SweepPlan, profile: Profile, states: dict[str, str]) -> list[str]:
-    """Runs recorded done whose projection came from another profile content."""
+def stale_trials(plan: SweepPlan, hardware: Hardware, states: dict[str, str]) -> list[str]:
+    """Runs recorded done whose projection came from another content of the hardware file
+    (summaries of any age: `canzona.records.read_summary`)."""
     out = []
     for t in plan.runs():
         if states.get(t.id) != bk.DONE:
@@ -64,7 +66,7 @@ def stale_trials(plan: SweepPlan, profile: Profile, states: dict[str, str]) -> l
         summary = bk.load_summary(plan.results_dir / t.id) or {}
         if (
             summary.get("projected")
-            and (summary.get("profile") or {}).get("fingerprint") != profile.fingerprint
+            and (summary.get("hardware") or {}).get("fingerprint") != hardware.fingerprint
         ):
             out.append(t.id)
     return out
@@ -89,18 +91,18 @@ class SimulateBackend(Backend):
     tails = False  # no launcher logs: a failed projection leaves its traceback in stderr.txt itself
     redraw_s = 2.0  # a projection is 100+ trials in seconds
 
-    def __init__(self, plan: SweepPlan, log_root: Path, profile: Profile) -> None:
+    def __init__(self, plan: SweepPlan, log_root: Path, hardware: Hardware) -> None:
         super().__init__(plan, log_root)
-        self.profile = profile
+        self.hardware = hardware
         self._pool: ProcessPoolExecutor | None = None
 
     def open(self, total: int) -> None:
         self.capacity = _workers(self.plan, total)
         if self.capacity == 1:
-            _init(self.profile)
+            _init(self.hardware)
         else:
             self._pool = ProcessPoolExecutor(self.capacity, mp_context=_context(), initializer=_init,
-                                             initargs=(self.profile,))
+                                             initargs=(self.hardware,))
 
     def submit(self, runs: list[tuple[TrialRun, Path]]) -> Submitted:
         handles: list[RunHandle] = []
@@ -114,12 +116,12 @@ class SimulateBackend(Backend):
         wait_any(running, timeout_s)
 
     def status_fields(self) -> dict[str, Any]:
-        p = self.profile
-        return {"projected": True, "sim_profile": p.name, "sim_profile_source": p.source, "sim_profile_path": p.path,
-                "profile_fingerprint": p.fingerprint}
+        h = self.hardware
+        return {"projected": True, "sim_hardware": h.name, "sim_hardware_source": h.source, "sim_hardware_path": h.path,
+                "hardware_fingerprint": h.fingerprint}
 
     def describe(self) -> str:
-        return f" with {self.capacity} worker(s) on {self.profile.name} ({self.profile.source})"
+        return f" with {self.capacity} worker(s) on {self.hardware.name} ({self.hardware.source})"
 
     def close(self, handles: list[RunHandle]) -> None:
         if self._pool is not None:

@@ -1,10 +1,10 @@
 """Sweep settings: how a sweep runs, as opposed to what its trials are.
 
 The schema (`SweepSettings` and its ``slurm`` / ``local`` / ``sim`` sections) is merged from
-the sweep file's ``sweep:`` section, the chosen profile's ``sweep:`` section and the command
-line, in that order, by `canzona.overrides.build`: an unknown key is refused with the keys
-allowed at its level, a value of the wrong type names the key. Settings never enter a trial's
-config, so they never change a trial id.
+the sweep file's ``sweep:`` section, the chosen sweep profile's ``sweep:`` section and the
+command line, in that order, by `canzona.overrides.build`: an unknown key is refused with the
+keys allowed at its level, a value of the wrong type names the key, a renamed key (`RENAMED`)
+says what it is now. Settings never enter a trial's config, so they never change a trial id.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from canzona.errors import ConfigError
-from canzona.overrides import build
+from canzona.overrides import Renamed, build
 from canzona.schema_doc import check_choices, key_docs, setting
 
 CLUSTERS = ("local", "debug", "slurm", "simulate", "dryrun")
 RERUN = ("failed", "all", "none")
 LOCAL_MODES = ("worker", "spawn", "tasks")
-DEFAULT_SIM_PROFILE = "h100"
+DEFAULT_SIM_HARDWARE = "h100"
 
 
 @dataclass
@@ -60,9 +60,9 @@ class LocalSettings:
 class SimSettings:
     """``cluster=simulate``: project every trial with `canzona.sim` instead of running it."""
 
-    profile: str | None = setting(None, "device profile (h100, h200, a100, local, or a YAML path) that "
-                                        "cluster=simulate projects with (default h100) and that the report of a "
-                                        "measured sweep predicts with (default profiles/local.yaml if present)")
+    hardware: str | None = setting(None, "hardware file (h100, h200, a100, local, or a YAML path) that "
+                                         "cluster=simulate projects with (default h100) and that the report of a "
+                                         "measured sweep predicts with (default hardware/local.yaml if present)")
     workers: int = setting(0, "processes projecting trials at once; 0: one per core")
 
 
@@ -76,7 +76,8 @@ class SweepSettings:
     rerun: str = setting("failed", "which trials with records run again: failed ones, all, none", choices=RERUN)
     list: bool = setting(False, "list the runs (and, with cluster=slurm, write the sbatch scripts) and run "
                                 "nothing")
-    results: str = setting("results", "the results folder; a sweep writes into <results>/<sweep>-<profile>/")
+    results: str = setting("results", "the results folder; a sweep writes into <results>/<sweep>/ (cluster=simulate: "
+                                      "<sweep>-<profile>-sim-<hardware>/, dryrun: <sweep>-<profile>-dryrun/)")
     poll_s: float = setting(1.0, "seconds between checks of running trials")
     repeats: int = setting(1, "runs of every trial, interleaved round-robin; repetition k > 1 goes to "
                               "<trial_id>-r<k>/ and the report pools them")
@@ -85,9 +86,14 @@ class SweepSettings:
     sim: SimSettings = field(default_factory=SimSettings)
 
 
-# Keys that were renamed: given the old way, one line says what to write instead.
-RENAMED = {"dry_run": "dry_run= is now list=true (it lists the runs and runs nothing; a dry run on fake CUDA "
-                      "devices is cluster=dryrun)"}
+# Keys that were renamed (`canzona.overrides.Renamed`): given the old way, on the command line or
+# in a sweep file's ``sweep:`` section, one line says what to write instead.
+RENAMED = {
+    "dry_run": Renamed("list", "list=true lists the runs and runs nothing; a dry run on fake CUDA devices is "
+                               "cluster=dryrun"),
+    "sim.profile": Renamed("sim.hardware", "the hardware file: h100, h200, a100, local, or a YAML path; profile= "
+                                           "stays the sweep profile"),
+}
 
 
 SETTINGS_KEYS = tuple(f.name for f in fields(SweepSettings))
@@ -110,11 +116,7 @@ def build_settings(
 ) -> SweepSettings:
     """Merge the YAML ``layers`` then the command-line ``(key, text)`` overrides into a
     validated `SweepSettings`; any bad key or value is a one-line `ConfigError`."""
-    overrides, layers = list(overrides), list(layers)
-    for key in [k for k, _ in overrides] + [k for layer in layers for k in (layer or {})]:
-        if key in RENAMED:
-            raise ConfigError(RENAMED[key])
-    obj = build(SweepSettings, overrides, layers=layers, what="sweep")
+    obj = build(SweepSettings, overrides, layers=layers, what="sweep", renamed=RENAMED)
     check_choices(obj, SETTINGS_DOCS)
     if obj.repeats < 1:
         raise ConfigError(f"repeats={obj.repeats} is not allowed; it must be >= 1 (runs of every trial)")

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from canzona import CHECKOUT
 from canzona.config import TrialConfig
 from canzona.sweep.ids import run_id
-from canzona.sweep.settings import DEFAULT_SIM_PROFILE, SweepSettings
+from canzona.sweep.settings import DEFAULT_SIM_HARDWARE, SweepSettings
 
 
 @dataclass
@@ -67,7 +66,7 @@ class TrialRun:
 class SweepPlan:
     sweep: str
     path: Path
-    profile: str | None
+    profile: str | None  # the sweep profile (a variant of the sweep file)
     description: str
     settings: SweepSettings
     axes: list[str]
@@ -106,14 +105,14 @@ class SweepPlan:
     @property
     def results_dir(self) -> Path:
         """``results/<sweep>``; projections (cluster=simulate) go to a folder of their own,
-        ``results/<sweep>-<profile>-sim-<device profile>``, so that they never mix with -- or,
-        sharing trial ids, stand in for -- measured trials, and each device profile keeps its own."""
+        ``results/<sweep>-<profile>-sim-<hardware>``, so that they never mix with -- or, sharing
+        trial ids, stand in for -- measured trials, and each hardware keeps its own."""
         if self.settings.cluster == "simulate":
             parts = [
                 self.sweep,
                 *([self.profile] if self.profile else []),
                 "sim",
-                sim_profile_label(str(self.sim_profile)),
+                sim_hardware_label(str(self.sim_hardware)),
             ]
             return Path(self.settings.results) / "-".join(parts)
         if self.settings.cluster == "dryrun":  # dry runs: a folder of their own too
@@ -121,15 +120,17 @@ class SweepPlan:
         return Path(self.settings.results) / self.sweep
 
     @property
-    def sim_profile(self) -> str | None:
-        """The device profile of this sweep: ``sim.profile`` if given; else h100 for
-        cluster=simulate, profiles/local.yaml (if it exists) for the report of a measured sweep."""
-        if self.settings.sim.profile:
-            return self.settings.sim.profile
+    def sim_hardware(self) -> str | None:
+        """The hardware of this sweep: ``sim.hardware`` if given; else h100 for cluster=simulate,
+        hardware/local.yaml (if it exists) for the report of a measured sweep."""
+        if self.settings.sim.hardware:
+            return self.settings.sim.hardware
         if self.settings.cluster == "simulate":
-            return DEFAULT_SIM_PROFILE
-        local = CHECKOUT / "profiles" / "local.yaml"
-        return str(local) if local.is_file() else None
+            return DEFAULT_SIM_HARDWARE
+        from canzona.sim.hardware import local_file
+
+        local = local_file()
+        return str(local) if local is not None else None
 
 
 def _point_key(cfg: TrialConfig) -> str:
@@ -145,7 +146,7 @@ def _comparison_key(cfg: TrialConfig) -> str:
     return repr(d)
 
 
-def sim_profile_label(profile: str) -> str:
-    """h100 -> h100; profiles/local.yaml -> local (a folder-name-safe label)."""
-    stem = Path(str(profile)).stem if str(profile).endswith((".yaml", ".yml")) else str(profile)
-    return re.sub(r"[^A-Za-z0-9_.]+", "_", stem) or "profile"
+def sim_hardware_label(hardware: str) -> str:
+    """h100 -> h100; hardware/local.yaml -> local (a folder-name-safe label)."""
+    stem = Path(str(hardware)).stem if str(hardware).endswith((".yaml", ".yml")) else str(hardware)
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", stem) or "hardware"

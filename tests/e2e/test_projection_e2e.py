@@ -2,8 +2,8 @@
 
 - the whole ``paper_projection`` profile (Qwen3 0.6B-32B, up to 256 GPUs, 120 trials) projected with
   ``cluster=simulate``: every trial recorded as projected, the report path printed last, and
-  the report's projected section with the paper's claims and the profile's inputs;
-- a real local sweep with a quick calibration of this machine passed as ``sim.profile``: its
+  the report's projected section with the paper's claims and the hardware's inputs;
+- a real local sweep with a quick calibration of this machine passed as ``sim.hardware``: its
   report's predicted-vs-measured section shows the numbers of `compare_sweep`.
 No timing is asserted.
 """
@@ -49,8 +49,8 @@ def test_paper_profile_projection_end_to_end(tmp_path: Path) -> None:
     assert "qwen3-32b" in claims and "256 GPUs" in claims and PAPER_CLAIMS["setting"] in claims
     assert {float(c["data-paper"]) for c in page.having("data-paper")} == {
         PAPER_CLAIMS["iteration_speedup"], PAPER_CLAIMS["optimizer_step_speedup"]}
-    assert page.having("data-field", **{"data-field": "profile-source"})[0]["text"] == "spec-derived"
-    assert "efficiency" in page.having("class", **{"class": "profile-inputs"})[0]["text"]
+    assert page.having("data-field", **{"data-field": "hardware-source"})[0]["text"] == "spec-derived"
+    assert "efficiency" in page.having("class", **{"class": "hardware-inputs"})[0]["text"]
     assert len(page.ids["projected-assumptions"]["text"].strip()) > 200
     assert len(page.having("data-proj", **{"data-baseline": "canzona", "data-metric": "iteration_ms"})) == 33
     # at 32B, DP 32 x TP 8, canzona's faster ranks wait in the forward for the gathers of peers still
@@ -65,7 +65,7 @@ def test_paper_profile_projection_end_to_end(tmp_path: Path) -> None:
 
 
 LOCAL = """
-    description: two real trials and a calibrated profile
+    description: two real trials and a calibrated hardware file
     fixed:
       model.name: qwen3-0.6b
       model.width_div: 16
@@ -84,17 +84,17 @@ LOCAL = """
 
 
 def test_local_sweep_report_predicts_with_a_quick_calibration(tmp_path: Path) -> None:
-    prof = tmp_path / "quick.yaml"
-    c = subprocess.run([sys.executable, "-m", "canzona.calibrate", "quick=true", f"out={prof}"], capture_output=True,
+    hw = tmp_path / "quick.yaml"
+    c = subprocess.run([sys.executable, "-m", "canzona.calibrate", "quick=true", f"out={hw}"], capture_output=True,
                        text=True, timeout=600, cwd=REPO)
-    assert c.returncode == 0 and prof.is_file(), c.stderr[-2000:]
+    assert c.returncode == 0 and hw.is_file(), c.stderr[-2000:]
     (tmp_path / "two.yaml").write_text(textwrap.dedent(LOCAL))
-    r = _sweep(f"sweep={tmp_path / 'two.yaml'}", f"results={tmp_path / 'results'}", f"sim.profile={prof}")
+    r = _sweep(f"sweep={tmp_path / 'two.yaml'}", f"results={tmp_path / 'results'}", f"sim.hardware={hw}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     index = Path(r.stdout.strip().splitlines()[-1])
     page = Page(index.read_text())
-    assert page.ids["predicted-profile"]["data-profile"] == "quick"
-    want = compare_sweep(tmp_path / "results" / "two", prof)
+    assert page.ids["predicted-hardware"]["data-hardware"] == "quick"
+    want = compare_sweep(tmp_path / "results" / "two", hw)
     assert len(want["trials"]) == 2
     expected = {m["method"]: m for m in want["by_method"]} | {"all": want["overall"]}
     cells = page.having("data-pv-field")
@@ -105,9 +105,9 @@ def test_local_sweep_report_predicts_with_a_quick_calibration(tmp_path: Path) ->
             assert cell["data-value"] == ""
         else:
             assert float(cell["data-value"]) == pytest.approx(v, rel=1e-9)
-    # rebuilt by hand with profile=: the same section
+    # rebuilt by hand with hardware=: the same section
     r = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "results" / "two"),
-                        f"out={tmp_path / 'again'}", f"profile={prof}"], capture_output=True, text=True, timeout=600,
+                        f"out={tmp_path / 'again'}", f"hardware={hw}"], capture_output=True, text=True, timeout=600,
                        cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     again = Page((tmp_path / "again" / "index.html").read_text())

@@ -38,16 +38,17 @@ def _gen():
 
 
 @pytest.fixture(autouse=True)
-def _no_local_profile(monkeypatch, tmp_path_factory):
-    """Hermetic: whether this machine has a calibrated profiles/local.yaml must not matter here
+def _no_local_hardware(monkeypatch, tmp_path_factory):
+    """Hermetic: whether this machine has a calibrated hardware/local.yaml must not matter here
     (the predicted-vs-measured section has its own tests in test_projection.py)."""
-    monkeypatch.setattr("analysis.projection.LOCAL_PROFILE", tmp_path_factory.getbasetemp() / "no-local.yaml")
+    monkeypatch.setattr("canzona.sim.hardware.LOCAL_FILE", tmp_path_factory.getbasetemp() / "no-local.yaml")
+    monkeypatch.setattr("canzona.sim.hardware.BEFORE_RENAME_DIR", tmp_path_factory.getbasetemp() / "no-profiles")
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     sweep = _gen().make_sweep(tmp_path_factory.mktemp("res") / "demo")
-    index = build_report(sweep, profile=None)
+    index = build_report(sweep, hardware=None)
     return sweep, index
 
 
@@ -312,7 +313,7 @@ def test_cli_errors(tmp_path, capsys):
     assert "no trials" in capsys.readouterr().err
     # unknown keys and flags, a second folder, no folder: one line, exit 2, nothing written
     for argv, fragment in (
-        ([str(tmp_path / "empty"), "ot=x"], "unknown report key 'ot'; allowed under top level: out, profile"),
+        ([str(tmp_path / "empty"), "ot=x"], "unknown report key 'ot'; allowed under top level: hardware, out"),
         ([str(tmp_path / "empty"), "--out", "x"], "unknown flag --out; settings are key=value (out=x?)"),
         ([str(tmp_path / "empty"), str(tmp_path)], "bad argument"),
         ([], "missing SWEEP_DIR"),
@@ -328,7 +329,7 @@ def test_cli_prints_report_path_last(tmp_path):
     sweep = _gen().make_sweep(tmp_path / "cli", models=("qwen3-0.6b",), methods=("canzona", "sync"),
                               failed=False, missing=False)
     out = tmp_path / "elsewhere"
-    r = subprocess.run([sys.executable, "-m", "analysis.report", str(sweep), f"out={out}", "profile=none"],
+    r = subprocess.run([sys.executable, "-m", "analysis.report", str(sweep), f"out={out}", "hardware=none"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == str(out / "index.html")
@@ -399,7 +400,7 @@ def test_report_says_its_runs_come_from_several_invocations(tmp_path, built):
     """A resumed sweep: runs of two invocations (told apart by their submitit/<stamp>/ logs);
     the header says so, the provenance lists each with its runs, trials.csv names each run's."""
     sweep = _gen().make_sweep(tmp_path / "resumed", invocations=2)
-    index = build_report(sweep, profile=None)
+    index = build_report(sweep, hardware=None)
     html = index.read_text()
     head = html[:html.index("<nav>")]
     assert "runs from 2 invocations of this sweep (resumed)" in head
@@ -428,7 +429,7 @@ def test_invocations_from_recorded_ids_or_start_times(tmp_path):
     (root / "sweep.json").write_text(json.dumps(manifest))
     sw = load_sweep(root)
     assert [(g["runs"], g["exact"], g["how"]) for g in sw.invocations] == [(1, False, "start time"), (1, True, "start time")]
-    html = build_report(root, profile=None).read_text()
+    html = build_report(root, hardware=None).read_text()
     assert "runs from at least 2 invocations of this sweep (resumed)" in html[:html.index("<nav>")]
     # an invocation id in status.json wins over everything else
     for name, inv in (("a", "inv-1"), ("b", "inv-1")):
@@ -436,7 +437,7 @@ def test_invocations_from_recorded_ids_or_start_times(tmp_path):
         (root / name / "status.json").write_text(json.dumps({**st, "invocation": inv}))
     sw = load_sweep(root)
     assert [(g["id"], g["runs"], g["how"]) for g in sw.invocations] == [("inv-1", 2, "recorded")]
-    assert "invocations of this sweep" not in build_report(root, profile=None).read_text()
+    assert "invocations of this sweep" not in build_report(root, hardware=None).read_text()
 
 
 def test_headline_is_a_block_of_rows_per_point(tmp_path):
@@ -450,7 +451,7 @@ def test_headline_is_a_block_of_rows_per_point(tmp_path):
     for seq in (16, 32):
         for m in ("canzona", "sync", "zero1_atomic+async"):
             gen.write_trial(root / f"{m}-{seq}", gen.trial_config(m, extra=[f"train.seq_len={seq}"]))
-    html = build_report(root, profile=None).read_text()
+    html = build_report(root, hardware=None).read_text()
     table = html[html.index('<table id="headline">'):]
     table = table[:table.index("</table>")]
     bodies = re.findall(r'<tbody class="point">(.*?)</tbody>', table, re.S)

@@ -1,4 +1,4 @@
-"""Calibration: a quick run on this machine yields a profile that the cost model, the planner and
+"""Calibration: a quick run on this machine yields a hardware file that the cost model, the planner and
 the simulator all accept. Timings are never asserted (shared machine); only structure and sanity.
 A GPU calibration is checked where a GPU exists (``gpu`` marker)."""
 
@@ -20,20 +20,20 @@ from canzona.calibrate import (
     local_sweep_models,
     local_sweep_shapes,
     parse_args,
-    write_profile,
+    write_hardware,
 )
 from canzona.config import load_config
 from canzona.cost import FlopsCost, load_measured
 from canzona.errors import ConfigError
 from canzona.inventory import build_inventory, model_config
 from canzona.plan.methods import make_plan
-from canzona.sim.profile import COLLECTIVES, load_profile
+from canzona.sim.hardware import COLLECTIVES, load_hardware
 from canzona.sim.simulate import project
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _check_profile(path: Path) -> None:
+def _check_hardware(path: Path) -> None:
     data = yaml.safe_load(path.read_text())
     assert data["source"] == "calibrated"
     dev = data["device"]
@@ -48,12 +48,12 @@ def _check_profile(path: Path) -> None:
                     assert cost.cost(p) > 0
         assert not cost.missing
     assert load_measured(path, "adamw", FlopsCost("adamw")).adamw_seconds_per_element > 0
-    prof = load_profile(str(path))
-    assert set(prof.links["intra"]) == set(COLLECTIVES)
+    hw = load_hardware(str(path))
+    assert set(hw.links["intra"]) == set(COLLECTIVES)
     cfg = load_config(["model=qwen3-0.6b", "model.width_div=8", "model.num_layers=2", "parallel.dp=2",
-                       "canzona.cost=measured", f"canzona.measured_profile={path}"])
+                       "canzona.cost=measured", f"canzona.measured_table={path}"])
     assert make_plan(cfg).cost_model == "measured"
-    res = project(cfg, prof)
+    res = project(cfg, hw)
     assert res["optimizer_step_ms"] > 0 and res["iteration_ms"] > res["optimizer_step_ms"]
 
 
@@ -61,12 +61,12 @@ def test_quick_calibration_in_process(tmp_path: Path) -> None:
     opts = parse_args([f"out={tmp_path / 'quick.yaml'}", "quick=true", "collectives=false", "budget_s=1.5",
                        "device=cpu"])
     assert opts.model is False and opts.name == "quick" and opts.width_divs == (8, 16, 32)
-    prof = calibrate(opts, log=lambda *_: None)
-    path = write_profile(prof, opts.out)
-    _check_profile(path)
-    assert prof["model"]["source"].startswith("estimated")
-    assert prof["calibration"]["collectives_source"] == "placeholder" and prof["calibration"]["compute_processes"] == 1
-    assert any("placeholders" in note for note in prof["notes"])
+    hw = calibrate(opts, log=lambda *_: None)
+    path = write_hardware(hw, opts.out)
+    _check_hardware(path)
+    assert hw["model"]["source"].startswith("estimated")
+    assert hw["calibration"]["collectives_source"] == "placeholder" and hw["calibration"]["compute_processes"] == 1
+    assert any("placeholders" in note for note in hw["notes"])
 
 
 @pytest.mark.slow
@@ -75,7 +75,7 @@ def test_quick_calibration_cli_with_gloo_collectives(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "canzona.calibrate", f"out={out}", "quick=true", "device=cpu"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    _check_profile(out)
+    _check_hardware(out)
     data = yaml.safe_load(out.read_text())
     assert len(data["calibration"]["collective_samples"]["all_reduce"]) >= 3
     assert data["calibration"]["collectives_source"] == "measured" and data["notes"] == []
@@ -102,7 +102,7 @@ def test_quick_gpu_calibration(tmp_path: Path) -> None:
     else:
         assert source in ("spec", "placeholder") and data["notes"]
         assert (source == "spec") == (data["calibration"]["spec"] is not None)
-    assert set(load_profile(str(out)).links["intra"]) == set(COLLECTIVES)
+    assert set(load_hardware(str(out)).links["intra"]) == set(COLLECTIVES)
 
 
 def test_bad_arguments_are_one_line_errors() -> None:
@@ -152,7 +152,7 @@ def test_process_layout_and_what_one_gpu_keeps() -> None:
     """The decisions a GPU calibration takes, checked without a GPU: how many processes, and
     with one GPU the spec's collectives kept and said so."""
     from canzona.calibrate.build import _collectives, match_spec, processes
-    from canzona.sim.profile import spec_profile
+    from canzona.sim.hardware import spec_hardware
 
     opts = parse_args(["out=x.yaml", "quick=true"])
     assert processes(opts, "cpu", 0) == 2  # gloo collectives between two processes
@@ -162,7 +162,7 @@ def test_process_layout_and_what_one_gpu_keeps() -> None:
     assert match_spec(parse_args(["out=x.yaml", "spec=none"]), "NVIDIA H200") is None
     notes: list[str] = []
     links, source, overlap = _collectives(opts, "cuda", 1, {}, "h200", notes)
-    assert source == "spec" and links == spec_profile("h200")["collectives"] and overlap == 1.0
+    assert source == "spec" and links == spec_hardware("h200")["collectives"] and overlap == 1.0
     assert "1 GPU visible" in notes[0] and "h200" in notes[0]
     notes.clear()
     links, source, _ = _collectives(opts, "cuda", 1, {}, None, notes)

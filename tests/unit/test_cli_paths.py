@@ -1,4 +1,5 @@
-"""Filesystem problems and broken sweep files are one line on stderr, exit 2, nothing written."""
+"""Filesystem problems, broken sweep files and renamed keys are one line on stderr, exit 2, nothing
+written."""
 
 from __future__ import annotations
 
@@ -101,3 +102,35 @@ def test_an_override_that_contradicts_an_axis_value_is_refused(tmp_path: Path, c
     line = _one_error_line(capsys)
     assert "model.name=qwen3-8b contradicts axis size=0.6b, which sets model.name=qwen3-0.6b" in line
     assert not any(tmp_path.iterdir())
+
+
+# --------------------------------------------------------------------------- renamed keys
+@pytest.mark.parametrize("old, new", [("canzona.cost_profile=a100", "canzona.cost_hardware="),
+                                      ("canzona.measured_profile=t.yaml", "canzona.measured_table=")])
+def test_a_renamed_trial_key_points_to_its_new_name(tmp_path: Path, capsys, old: str, new: str) -> None:
+    from canzona.plan.__main__ import main as plan_main
+    from canzona.sim.simulate import main as simulate_main
+
+    key = old.split("=")[0]
+    for main, argv in ((run_main, [*TINY, old, f"out={tmp_path / 'out'}"]), (plan_main, [*TINY, old]),
+                       (simulate_main, [*TINY, old])):
+        assert main(argv) == 2
+        assert _one_error_line(capsys).startswith(f"error: {key}= is now {new} (")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_commands_old_profile_key_points_to_hardware(tmp_path: Path, capsys) -> None:
+    """``profile=`` of the simulator, the validator and the report named a hardware file: each
+    says ``hardware=`` now (the sweep's ``profile=`` is its sweep profile, kept)."""
+    from analysis.report import main as report_main
+    from canzona.sim.simulate import main as simulate_main
+    from canzona.sim.validate import main as validate_main
+
+    for main, argv in ((simulate_main, [*TINY, "profile=h100"]), (validate_main, [str(tmp_path), "profile=h100"]),
+                       (report_main, [str(tmp_path), "profile=none"])):
+        assert main(argv) == 2
+        assert _one_error_line(capsys).startswith("error: profile= is now hardware= (")
+    assert not any(tmp_path.iterdir())
+    assert simulate_main([*TINY, "hardware=a100"]) == 0 and " on a100 (projected): " in capsys.readouterr().out
+    assert validate_main([str(tmp_path), "hardware=h100"]) == 0
+    assert capsys.readouterr().out.startswith("hardware h100 (spec-derived); 0 trials")

@@ -1,6 +1,6 @@
 """The planner's default cost: measured on this machine into a calibration cache (taken once,
-extended by new shapes, refused or re-taken when corrupt or foreign), the roofline of a device
-profile where nothing can be measured, and a plan that says where its costs came from.
+extended by new shapes, refused or re-taken when corrupt or foreign), the roofline of a hardware
+file where nothing can be measured, and a plan that says where its costs came from.
 
 Timings are never asserted (shared machine): only the mechanism. Every test gets its own cache
 folder (``CANZONA_CACHE_DIR``) and a tiny model, so a calibration takes about a second.
@@ -30,7 +30,7 @@ from canzona.plan.methods import make_plan
 from canzona.plan.summary import plan_record
 from canzona.program.count import compute_metrics
 from canzona.roofline import RooflineCost
-from canzona.sim.profile import spec_profile
+from canzona.sim.hardware import load_hardware, spec_hardware
 
 TINY = ["model=qwen3-0.6b", "model.width_div=32", "model.num_layers=1", "parallel.dp=2", "dist.threads_per_rank=1"]
 WIDER = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=1", "parallel.dp=2", "dist.threads_per_rank=1"]
@@ -145,21 +145,21 @@ def test_an_unwritable_cache_folder_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(e.value)
 
 
-def test_explicit_profiles_are_refused_with_one_line(tmp_path: Path) -> None:
+def test_explicit_hardware_and_tables_are_refused_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("updates: [unclosed\n")
-    cfg = load_config([*TINY, "canzona.cost=measured", f"canzona.measured_profile={bad}"])
+    cfg = load_config([*TINY, "canzona.cost=measured", f"canzona.measured_table={bad}"])
     with pytest.raises(ConfigError, match="is not valid YAML") as e:
         make_plan(cfg)
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="not found"):
-        make_plan(load_config([*TINY, "canzona.cost=roofline", "canzona.cost_profile=h900"]))
+        make_plan(load_config([*TINY, "canzona.cost=roofline", "canzona.cost_hardware=h900"]))
     with pytest.raises(ConfigError, match="auto, measured, roofline, flops, numel"):
         load_config([*TINY, "canzona.cost=guess"])
 
 
-def test_roofline_follows_the_profile_rates() -> None:
-    base = spec_profile("h100")
+def test_roofline_follows_the_hardware_rates() -> None:
+    base = spec_hardware("h100")
     fast = copy.deepcopy(base)
     fast["compute"]["matmul_flops_per_s"] = {k: 2 * v for k, v in base["compute"]["matmul_flops_per_s"].items()}
     fast["compute"]["memory_bytes_per_s"] *= 2
@@ -200,21 +200,42 @@ def test_roofline_follows_the_profile_rates() -> None:
         ELEMENTWISE_FLOP_EQUIVALENT * emb.numel / muon.flops(fc1.shape, s))
 
 
+@pytest.mark.parametrize("optimizer", ["muon", "shampoo", "soap"])
+def test_the_roofline_and_the_simulator_price_an_update_with_one_method(optimizer: str) -> None:
+    """`Hardware.update_seconds` is the formula (steady flops / matmul rate [+ refresh flops /
+    eigendecomposition rate / interval] + passes × 4 bytes × m·n / bandwidth), bit for bit; the
+    roofline's kernel adds its overhead, the simulator's slope on a file without a table is it."""
+    hw = load_hardware("a100")
+    d = registry.get(optimizer)
+    s = OptimizerSection(name=optimizer, ns_steps=3, ns_dtype="bfloat16", precondition_frequency=7)
+    for m, n in ((128, 384), (1024, 3072), (5120, 5120)):
+        rate = hw.matmul_flops.get(d.matmul_dtype(s), hw.matmul_flops["float32"])
+        every = d.refresh_every(s) if d.refresh_every is not None else None
+        refresh = d.refresh_flops((m, n), s) / hw.eigh_flops / every if every else 0.0
+        formula = d.steady_flops((m, n), s) / rate + refresh + d.elementwise_passes * 4.0 * m * n / hw.memory_Bps
+        assert hw.update_seconds(optimizer, m, n, s, refresh=True) == formula
+        roofline = RooflineCost.on(hw, optimizer, s)
+        assert roofline.kernel_seconds(m, n) == formula + roofline.kernel_overhead_s
+        steady = d.steady_flops((m, n), s) / rate + d.elementwise_passes * 4.0 * m * n / hw.memory_Bps
+        assert hw.update_seconds(optimizer, m, n, s) == steady  # the median step: no refresh
+        assert hw.matrix_batch(optimizer, m, n, "bfloat16", 3)[1] == steady  # the simulator's slope
+
+
 @no_gpu
 def test_a_cuda_plan_on_a_cpu_machine_uses_the_roofline(cache_dir: Path) -> None:
     plan = make_plan(load_config(["model=qwen3-8b", "parallel.dp=8", "parallel.tp=4", "dist.device=cuda"]))
-    assert plan.cost_model == "roofline" and plan.cost_source == "roofline: profiles/h100.yaml"
+    assert plan.cost_model == "roofline" and plan.cost_source == "roofline: hardware/h100.yaml"
     assert plan.execution.device == "cuda" and not list(cache_dir.iterdir())  # nothing timed
     a100 = make_plan(load_config(["model=qwen3-8b", "parallel.dp=8", "parallel.tp=4", "dist.device=cuda",
-                                  "canzona.cost_profile=a100"]))
-    assert a100.cost_source == "roofline: profiles/a100.yaml"
+                                  "canzona.cost_hardware=a100"]))
+    assert a100.cost_source == "roofline: hardware/a100.yaml"
     record = plan_record(plan, compute_metrics(plan))
     assert record["cost_model"] == "roofline" and record["cost_source"] == plan.cost_source
     with pytest.raises(ConfigError, match="no cuda device to time"):
         make_plan(load_config(["model=qwen3-8b", "parallel.dp=8", "dist.device=cuda", "canzona.cost=measured"]))
-    # the simulator's profile, when it passes one, wins over canzona.cost_profile
+    # the simulator's hardware, when it passes one, wins over canzona.cost_hardware
     cfg = load_config(["model=qwen3-8b", "parallel.dp=8", "dist.device=cuda"])
-    assert select_cost_model(cfg, "cuda", profile="h200").source == "roofline: profiles/h200.yaml"
+    assert select_cost_model(cfg, "cuda", hardware="h200").source == "roofline: hardware/h200.yaml"
 
 
 def test_the_plan_cli_says_where_its_costs_came_from(cache_dir: Path) -> None:

@@ -24,7 +24,7 @@ from canzona.errors import ConfigError
 from canzona.inventory import ParamSpec
 from canzona.optim import registry
 from canzona.optim.rule import OptimizerDef, Option, UpdateRule
-from canzona.sim import profile
+from canzona.sim import hardware
 
 PACKAGE = Path(__file__).resolve().parents[2] / "canzona"
 
@@ -32,7 +32,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "canzona"
 def test_names_come_from_the_registry() -> None:
     assert config.OPTIMIZERS == registry.NAMES == ("muon", "shampoo", "soap", "adamw")
     assert registry.MATRIX_NAMES == ("muon", "shampoo", "soap")
-    assert set(profile.ELEMENTWISE_PASSES) == set(registry.MATRIX_NAMES)
+    assert set(hardware.ELEMENTWISE_PASSES) == set(registry.MATRIX_NAMES)
 
 
 def test_section_has_every_registered_key_flat() -> None:
@@ -134,11 +134,11 @@ def test_costs_follow_the_registry_and_blocking() -> None:
     assert blocked.cost(fc1) < default.cost(fc1)
     d = registry.get("shampoo")
     assert default.cost(fc1) == d.steady_flops(fc1.shape, OptimizerSection()) + d.refresh_flops(fc1.shape, OptimizerSection()) / 10
-    # profile flops are the registry's, with the same defaults
-    assert profile.steady_flops("soap", 300, 700) == registry.get("soap").steady_flops((300, 700), OptimizerSection())
-    assert profile.steady_flops("muon", 300, 700, ns_steps=3) == registry.get("muon").steady_flops(
+    # the hardware module's flops are the registry's, with the same defaults
+    assert hardware.steady_flops("soap", 300, 700) == registry.get("soap").steady_flops((300, 700), OptimizerSection())
+    assert hardware.steady_flops("muon", 300, 700, ns_steps=3) == registry.get("muon").steady_flops(
         (300, 700), OptimizerSection(ns_steps=3))
-    assert profile.refresh_flops("muon", 300, 700) == 0 and profile.refresh_flops("shampoo", 300, 700) > 0
+    assert hardware.refresh_flops("muon", 300, 700) == 0 and hardware.refresh_flops("shampoo", 300, 700) > 0
     assert FlopsCost("adamw").cost(fc1) == FlopsCost("adamw").elementwise_flops * fc1.numel
 
 
@@ -179,10 +179,10 @@ def _imports() -> dict[str, set[str]]:
 
 
 def test_optimizer_modules_import_one_way() -> None:
-    """No cycle through the optimizer package, the config, the cost models or the profiles; the
+    """No cycle through the optimizer package, the config, the cost models or the hardware module; the
     maths never imports the config (which is built from it)."""
     graph = _imports()
-    ours = {m for m in graph if m.startswith("canzona.optim")} | {"canzona.config", "canzona.cost", "canzona.sim.profile"}
+    ours = {m for m in graph if m.startswith("canzona.optim")} | {"canzona.config", "canzona.cost", "canzona.sim.hardware"}
     graphlib.TopologicalSorter({m: graph[m] & ours for m in ours}).prepare()  # raises CycleError
     for m in ours:
         if m.startswith("canzona.optim") and m != "canzona.optim.owner":

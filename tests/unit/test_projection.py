@@ -2,8 +2,8 @@
 
 - A projection of the paper profile (a slice of it here; the whole of it in
   tests/e2e/test_projection_e2e.py) runs through ``sweeps/run.py``'s code, records each trial
-  as projected, resumes, re-projects when the profile's content changes, and its report has a
-  labelled "Projected (not measured)" section with the paper's claims and the profile's inputs.
+  as projected, resumes, re-projects when the hardware file's content changes, and its report has a
+  labelled "Projected (not measured)" section with the paper's claims and the hardware's inputs.
 - A measured sweep's report has a "Predicted vs measured" section whose numbers are
   `canzona.sim.validate.compare_sweep`'s, lists the trials left out and why, keeps projected
   trials out of the measured tables, and survives a simulator that raises.
@@ -22,7 +22,7 @@ import yaml
 from analysis.report import build_report
 from canzona.config import load_config
 from canzona.sim.claims import PAPER_CLAIMS
-from canzona.sim.profile import spec_profile
+from canzona.sim.hardware import spec_hardware
 from canzona.sim.simulate import project, write_trial
 from canzona.sim.validate import compare_sweep
 from canzona.sweep.cli import main
@@ -86,14 +86,14 @@ def test_simulate_sweep_projects_records_and_reports(tmp_path: Path) -> None:
     for d in trials:
         st = json.loads((d / "status.json").read_text())
         assert st["status"] == "done" and st["projected"] is True and st["cluster"] == "simulate"
-        assert st["sim_profile"] == "h100" and st["sim_profile_source"] == "spec-derived"
+        assert st["sim_hardware"] == "h100" and st["sim_hardware_source"] == "spec-derived"
         s = json.loads((d / "summary.json").read_text())
-        assert s["projected"] is True and s["profile"]["name"] == "h100" and s["assumptions"]
+        assert s["projected"] is True and s["hardware"]["name"] == "h100" and s["assumptions"]
         assert s["config"]["train"]["seq_len"] == 4096  # the paper profile's setting
         summaries[(s["config"]["method"]["name"], s["world"]["world_size"])] = s
     manifest = json.loads((rd / "sweep.json").read_text())
-    assert manifest["projected"] is True and manifest["sim_profile"]["name"] == "h100"
-    assert yaml.safe_load((rd / "profile.yaml").read_text())["name"] == "h100"
+    assert manifest["projected"] is True and manifest["sim_hardware"]["name"] == "h100"
+    assert yaml.safe_load((rd / "hardware.yaml").read_text())["name"] == "h100"
 
     page = Page(index.read_text())
     assert "projected" in page.ids and "projected-banner" in page.ids
@@ -123,10 +123,10 @@ def test_simulate_sweep_projects_records_and_reports(tmp_path: Path) -> None:
     adamw = page.having("data-proj", **{"data-baseline": "adamw", "data-metric": "optimizer_step_ms"})
     assert sorted(float(e["data-value"]) for e in adamw) == pytest.approx(sorted(
         summaries[("canzona", w)]["optimizer_step_ms"] / summaries[("adamw", w)]["optimizer_step_ms"] for w in (8, 256)))
-    # the inputs: profile name, source, stated inputs and the assumptions
-    assert page.having("data-field", **{"data-field": "profile-name"})[0]["text"] == "h100"
-    assert page.having("data-field", **{"data-field": "profile-source"})[0]["text"] == "spec-derived"
-    stated = page.having("class", **{"class": "profile-inputs"})[0]["text"]
+    # the inputs: hardware name, source, stated inputs and the assumptions
+    assert page.having("data-field", **{"data-field": "hardware-name"})[0]["text"] == "h100"
+    assert page.having("data-field", **{"data-field": "hardware-source"})[0]["text"] == "spec-derived"
+    stated = page.having("class", **{"class": "hardware-inputs"})[0]["text"]
     assert "peak_bf16_tflops: 989.4" in stated and "model_mfu" in stated and "sources" in stated
     listed = page.ids["projected-assumptions"]["text"]
     for a in can["assumptions"]:
@@ -157,13 +157,13 @@ def _inside(page: Page, row: dict) -> list[dict]:
     return out
 
 
-def test_simulate_reprojects_when_the_profile_content_changes(tmp_path: Path) -> None:
-    prof = tmp_path / "mygpu.yaml"
-    data = spec_profile("a100")
+def test_simulate_reprojects_when_the_hardware_content_changes(tmp_path: Path) -> None:
+    hw = tmp_path / "mygpu.yaml"
+    data = spec_hardware("a100")
     data["name"] = "mygpu"
-    prof.write_text(yaml.safe_dump(data))
+    hw.write_text(yaml.safe_dump(data))
     argv = ["sweep=qwen3_scaling", "profile=paper", "cluster=simulate", "size=0.6b", "layout=n1-dp8tp1",
-            "method=canzona,sync", f"sim.profile={prof}", "sim.workers=1", f"results={tmp_path / 'r'}"]
+            "method=canzona,sync", f"sim.hardware={hw}", "sim.workers=1", f"results={tmp_path / 'r'}"]
     rc, lines = _run(argv)
     assert rc == 0
     rd = tmp_path / "r" / "qwen3_scaling-paper-sim-mygpu"
@@ -171,21 +171,83 @@ def test_simulate_reprojects_when_the_profile_content_changes(tmp_path: Path) ->
              for d in rd.iterdir() if (d / "summary.json").is_file()}
     assert len(first) == 2
     data["model"]["forward"]["flops_per_s"] /= 2  # a slower model pass: every iteration grows
-    prof.write_text(yaml.safe_dump(data))
+    hw.write_text(yaml.safe_dump(data))
     rc, lines = _run(argv)
     assert rc == 0 and any("2 to project" in line for line in lines)
-    assert any("another content of profile mygpu" in line for line in lines)
+    assert any("another content of hardware mygpu" in line for line in lines)
     second = {d: json.loads((rd / d / "summary.json").read_text())["iteration_ms"] for d in first}
     assert all(second[d] > first[d] for d in first)
+
+
+def _as_written_before_the_rename(trial: Path) -> None:
+    """Rewrite a projected trial's records as they were written before ``profile`` (the hardware
+    description) became ``hardware``."""
+    def old_config(c: dict) -> dict:
+        c["canzona"]["cost_profile"] = c["canzona"].pop("cost_hardware")
+        c["canzona"]["measured_profile"] = c["canzona"].pop("measured_table")
+        return c
+
+    s = json.loads((trial / "summary.json").read_text())
+    s["profile"], s["profile_inputs"] = s.pop("hardware"), s.pop("hardware_inputs")
+    s["versions"]["profile"] = s["versions"].pop("hardware")
+    s["config"] = old_config(s["config"])
+    (trial / "summary.json").write_text(json.dumps(s))
+    (trial / "config.yaml").write_text(yaml.safe_dump(old_config(yaml.safe_load((trial / "config.yaml").read_text()))))
+    st = json.loads((trial / "status.json").read_text())
+    for k in ("sim_hardware", "sim_hardware_source", "sim_hardware_path"):
+        st[k.replace("hardware", "profile")] = st.pop(k)
+    st["profile_fingerprint"] = st.pop("hardware_fingerprint")
+    (trial / "status.json").write_text(json.dumps(st))
+
+
+def test_a_projection_recorded_before_the_rename_resumes_and_reports(tmp_path: Path) -> None:
+    """A results folder written before the rename (summary.json's ``profile`` block, config.yaml's
+    ``canzona.cost_profile``, the folder's profile.yaml) is read as a new one: the same command
+    finds the same trial ids done, reads the hardware's fingerprint from the old block (a changed
+    one re-projects that trial, under the new names only) and reports the hardware."""
+    from analysis.load import load_sweep
+
+    argv = ["sweep=qwen3_scaling", "profile=paper", "cluster=simulate", "size=0.6b", "layout=n1-dp8tp1",
+            "method=canzona,sync", "sim.workers=1", f"results={tmp_path}"]
+    assert _run(argv)[0] == 0
+    rd = tmp_path / "qwen3_scaling-paper-sim-h100"
+    trials = sorted(d for d in rd.iterdir() if (d / "summary.json").is_file())
+    for d in trials:
+        _as_written_before_the_rename(d)
+    (rd / "hardware.yaml").rename(rd / "profile.yaml")
+    sweep = load_sweep(rd)  # read under today's names
+    t = sweep.trials[0]
+    assert t.summary["hardware"]["name"] == "h100" and "profile" not in t.summary
+    assert t.summary["hardware_inputs"]["rates"] and t.summary["versions"]["hardware"] == "h100"
+    assert t.config["canzona"]["cost_hardware"] == "h100" and "cost_profile" not in t.config["canzona"]
+    assert t.summary["config"]["canzona"]["cost_hardware"] == "h100"
+
+    rc, lines = _run(argv)
+    assert rc == 0 and "2 trials, 0 to project, 2 skipped" in lines[0]  # same ids, same fingerprint
+    assert not (rd / "profile.yaml").exists() and (rd / "hardware.yaml").is_file()
+    page = Page(Path(lines[-1]).read_text())
+    assert page.having("data-field", **{"data-field": "hardware-name"})[0]["text"] == "h100"
+    assert "peak_bf16_tflops" in page.having("class", **{"class": "hardware-inputs"})[0]["text"]
+    assert "profile" in json.loads((trials[0] / "summary.json").read_text())  # skipped: left as it was
+
+    old = json.loads((trials[0] / "summary.json").read_text())
+    old["profile"]["fingerprint"] = "another"
+    (trials[0] / "summary.json").write_text(json.dumps(old))
+    rc, lines = _run(argv)
+    assert rc == 0 and "1 to project, 1 skipped" in lines[0]
+    assert any("1 trial(s) were projected with another content of hardware h100" in line for line in lines)
+    new = json.loads((trials[0] / "summary.json").read_text())
+    assert new["hardware"]["name"] == "h100" and not {"profile", "profile_inputs"} & set(new)
+    assert "cost_hardware" in yaml.safe_load((trials[0] / "config.yaml").read_text())["canzona"]
 
 
 def test_simulate_errors_are_one_line(tmp_path: Path, capsys) -> None:
     assert main(["sweep=qwen3_scaling", "cluster=nope", f"results={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "local, debug, slurm, simulate" in err
-    assert main(["sweep=qwen3_scaling", "cluster=simulate", "sim.profile=nosuch", f"results={tmp_path}"]) == 2
+    assert main(["sweep=qwen3_scaling", "cluster=simulate", "sim.hardware=nosuch", f"results={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "sim.profile=nosuch" in err and "h100" in err
+    assert "\n" not in err and "sim.hardware=nosuch" in err and "h100" in err
     assert main(["sweep=qwen3_scaling", "cluster=simulate", "sim.workers=-1", f"results={tmp_path}"]) == 2
     assert not any(tmp_path.iterdir())
 
@@ -201,10 +263,10 @@ def test_a_failing_projection_is_recorded_and_the_sweep_goes_on(tmp_path: Path, 
 
     real = sim.write_trial
 
-    def flaky(cfg, profile, out):
+    def flaky(cfg, hardware, out):
         if cfg.method.label == "sync":
             raise RuntimeError("simulated failure")
-        return real(cfg, profile, out)
+        return real(cfg, hardware, out)
 
     monkeypatch.setattr(sim, "write_trial", flaky)
     rc, lines = _run(["sweep=qwen3_scaling", "profile=paper", "cluster=simulate", "size=0.6b", "layout=n1-dp8tp1",
@@ -248,11 +310,11 @@ def test_ctrl_c_marks_the_running_projection_interrupted_and_a_rerun_resumes(tmp
 # ----------------------------------------------------------------------------- predicted vs measured
 
 
-def _measured_trial(root: Path, name: str, overrides: list[str], factor: float, profile: dict) -> Path:
-    """A trial folder that looks measured: the projection on `profile` times `factor`."""
+def _measured_trial(root: Path, name: str, overrides: list[str], factor: float, hardware: dict) -> Path:
+    """A trial folder that looks measured: the projection on `hardware` times `factor`."""
     cfg = load_config(["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=1", "dist.device=cpu",
                        *overrides])
-    res = project(cfg, profile, events="none")
+    res = project(cfg, hardware, events="none")
     d = root / name
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), "out": str(d)}))
@@ -267,34 +329,34 @@ def _measured_trial(root: Path, name: str, overrides: list[str], factor: float, 
     return d
 
 
-def slow_profile() -> dict:
-    """A100's spec profile slowed 10^4 times: the tiny model's steps last milliseconds, above
+def slow_hardware() -> dict:
+    """A100's spec-derived hardware slowed 10^4 times: the tiny model's steps last milliseconds, above
     the 0.5 ms under which validate gives no error figure."""
-    prof = spec_profile("a100")
-    prof["name"] = "slow"
-    for k in prof["compute"]["matmul_flops_per_s"]:
-        prof["compute"]["matmul_flops_per_s"][k] /= 1e4
+    hw = spec_hardware("a100")
+    hw["name"] = "slow"
+    for k in hw["compute"]["matmul_flops_per_s"]:
+        hw["compute"]["matmul_flops_per_s"][k] /= 1e4
     for k in ("eigh_flops_per_s", "memory_bytes_per_s"):
-        prof["compute"][k] /= 1e4
+        hw["compute"][k] /= 1e4
     for k in ("adamw_seconds_per_element", "apply_seconds_per_element", "copy_seconds_per_byte"):
-        prof[k] *= 1e4
+        hw[k] *= 1e4
     for ph in ("forward", "backward"):
-        prof["model"][ph]["flops_per_s"] /= 1e4
-    for level in prof["collectives"].values():
+        hw["model"][ph]["flops_per_s"] /= 1e4
+    for level in hw["collectives"].values():
         for link in level.values():
             link["bandwidth_Bps"] /= 1e4
-    return prof
+    return hw
 
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory) -> tuple[Path, dict]:
     """Measured trials (two per method, different errors), one that cannot be simulated, one
     failed, and one projected trial in the same folder."""
-    prof = slow_profile()
+    hw = slow_hardware()
     root = tmp_path_factory.mktemp("mixed") / "sweep"
     for i, (method, f1, f2) in enumerate((("canzona", 1.25, 0.9), ("sync", 0.5, 1.1), ("layerwise", 1.0, 2.0))):
-        _measured_trial(root, f"m{i}a-{method}", [f"method={method}", "parallel.dp=2"], f1, prof)
-        _measured_trial(root, f"m{i}b-{method}", [f"method={method}", "parallel.dp=2", "parallel.tp=2"], f2, prof)
+        _measured_trial(root, f"m{i}a-{method}", [f"method={method}", "parallel.dp=2"], f1, hw)
+        _measured_trial(root, f"m{i}b-{method}", [f"method={method}", "parallel.dp=2", "parallel.tp=2"], f2, hw)
     bad = root / "m9-bad"
     bad.mkdir()
     (bad / "config.yaml").write_text("method: nope\n")
@@ -306,14 +368,14 @@ def mixed(tmp_path_factory) -> tuple[Path, dict]:
     (failed / "status.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
     cfg = load_config(["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=1", "method=canzona",
                        "parallel.dp=2"])
-    write_trial(cfg, spec_profile("h100"), root / "p0-projected")
-    return root, prof
+    write_trial(cfg, spec_hardware("h100"), root / "p0-projected")
+    return root, hw
 
 
 def test_predicted_vs_measured_numbers_are_compare_sweeps(mixed, tmp_path: Path) -> None:
-    root, prof = mixed
-    index = build_report(root, out=tmp_path / "rep", profile=prof)
-    want = compare_sweep(root, prof)
+    root, hw = mixed
+    index = build_report(root, out=tmp_path / "rep", hardware=hw)
+    want = compare_sweep(root, hw)
     assert {r["trial"] for r in want["trials"]} == {f"m{i}{x}-{m}" for i, m in enumerate(("canzona", "sync", "layerwise"))
                                                    for x in "ab"}  # the projection is not a measurement
     page = Page(index.read_text())
@@ -360,44 +422,45 @@ def test_predicted_section_survives_the_simulator(mixed, tmp_path: Path, monkeyp
         raise ZeroDivisionError("inside the simulator")
 
     monkeypatch.setattr(validate, "compare_sweep", boom)
-    page = Page(build_report(root, out=tmp_path / "b", profile="h100").read_text())
+    page = Page(build_report(root, out=tmp_path / "b", hardware="h100").read_text())
     assert "ZeroDivisionError: inside the simulator" in page.ids["predicted-error"]["text"]
     assert "headline" in page.ids  # the measured part is intact
 
 
-def test_without_a_profile_the_section_says_how_to_make_one(mixed, tmp_path: Path, monkeypatch) -> None:
+def test_without_hardware_the_section_says_how_to_make_one(mixed, tmp_path: Path, monkeypatch) -> None:
     root, _ = mixed
-    monkeypatch.setattr("analysis.projection.LOCAL_PROFILE", tmp_path / "no-local.yaml")
-    page = Page(build_report(root, out=tmp_path / "r").read_text())  # profile="auto", nothing there
-    assert "python -m canzona.calibrate out=profiles/local.yaml" in page.ids["predicted-missing"]["text"]
-    from analysis.projection import resolve_profile
+    monkeypatch.setattr("canzona.sim.hardware.LOCAL_FILE", tmp_path / "no-local.yaml")
+    monkeypatch.setattr("canzona.sim.hardware.BEFORE_RENAME_DIR", tmp_path / "no-profiles")
+    page = Page(build_report(root, out=tmp_path / "r").read_text())  # hardware="auto", nothing there
+    assert "python -m canzona.calibrate out=hardware/local.yaml" in page.ids["predicted-missing"]["text"]
+    from analysis.projection import resolve_hardware
 
     local = tmp_path / "local.yaml"
-    local.write_text(yaml.safe_dump(spec_profile("a100")))
-    monkeypatch.setattr("analysis.projection.LOCAL_PROFILE", local)
-    assert resolve_profile("auto") == str(local)  # auto picks it up once it exists
-    assert resolve_profile("none") is None and resolve_profile(None) is None and resolve_profile("h100") == "h100"
+    local.write_text(yaml.safe_dump(spec_hardware("a100")))
+    monkeypatch.setattr("canzona.sim.hardware.LOCAL_FILE", local)
+    assert resolve_hardware("auto") == str(local)  # auto picks it up once it exists
+    assert resolve_hardware("none") is None and resolve_hardware(None) is None and resolve_hardware("h100") == "h100"
 
 
-def test_the_sweep_runner_passes_the_profile_to_the_report(tmp_path: Path, monkeypatch) -> None:
+def test_the_sweep_runner_passes_the_hardware_to_the_report(tmp_path: Path, monkeypatch) -> None:
     from canzona.sweep import cli
 
     got = {}
 
-    def fake(sweep_dir, out=None, profile="auto"):
-        got["profile"] = profile
+    def fake(sweep_dir, out=None, hardware="auto"):
+        got["hardware"] = hardware
         return Path(sweep_dir) / "report" / "index.html"
 
     monkeypatch.setattr("analysis.report.build_report", fake)
-    assert cli.build_report(tmp_path, io.StringIO(), profile="/x/local.yaml") == 0
-    assert got["profile"] == "/x/local.yaml"
+    assert cli.build_report(tmp_path, io.StringIO(), hardware="/x/local.yaml") == 0
+    assert got["hardware"] == "/x/local.yaml"
     from canzona.sweep.expand import build_plan
 
-    plan = build_plan(["sweep=qwen3_scaling", "sim.profile=h200", "list=true"])
-    assert plan.sim_profile == "h200" and plan.results_dir.name == "qwen3_scaling"
-    local = REPO / "profiles" / "local.yaml"
+    plan = build_plan(["sweep=qwen3_scaling", "sim.hardware=h200", "list=true"])
+    assert plan.sim_hardware == "h200" and plan.results_dir.name == "qwen3_scaling"
+    local = REPO / "hardware" / "local.yaml"
     plan = build_plan(["sweep=qwen3_scaling", "list=true"])
-    assert plan.sim_profile == (str(local) if local.is_file() else None)
+    assert plan.sim_hardware == (str(local) if local.is_file() else None)
 
 
 # ----------------------------------------------------------------------------- the authors' ladder

@@ -1,5 +1,5 @@
-"""The records' one writer (`canzona.records.write_records`) and trace.json's one builder
-(`canzona.trial.trace.chrome_trace`)."""
+"""The records' one writer (`canzona.records.write_records`), their one reader of old key names
+(`canzona.records.read_summary`) and trace.json's one builder (`canzona.trial.trace.chrome_trace`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,16 @@ from pathlib import Path
 
 import yaml
 
-from canzona.records import RECORD_FILES, STEPS_FILE, SUMMARY_FILE, TRACE_FILE, read_jsonl, write_records
+from canzona.config import read_config
+from canzona.records import (
+    RECORD_FILES,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    TRACE_FILE,
+    read_jsonl,
+    read_summary,
+    write_records,
+)
 from canzona.trial.trace import chrome_trace
 
 
@@ -31,6 +40,21 @@ def test_write_records(tmp_path: Path) -> None:
     write_records(tmp_path / "b", {}, rows, {})  # a projection: no trace
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["config.yaml", "steps.jsonl", "summary.json"]
     assert {p.name for p in (tmp_path / "a").iterdir()} <= set(RECORD_FILES)
+
+
+def test_a_summary_written_before_the_rename_reads_under_the_new_names() -> None:
+    hardware = {"name": "h100", "source": "spec-derived", "fingerprint": "abc"}
+    old = {"projected": True, "iteration_ms": 3.0, "profile": hardware, "profile_inputs": {"rates": {}},
+           "versions": {"simulator": "canzona.sim", "profile": "h100"},
+           "config": {"canzona": {"cost_profile": "a100", "measured_profile": None, "alpha": 1.0}}}
+    new = read_summary(old)
+    assert new == {"projected": True, "iteration_ms": 3.0, "hardware": hardware, "hardware_inputs": {"rates": {}},
+                   "versions": {"simulator": "canzona.sim", "hardware": "h100"}, "config": old["config"]}
+    assert read_config(new["config"]) == {"canzona": {"cost_hardware": "a100", "measured_table": None, "alpha": 1.0}}
+    assert "profile" in old and "cost_profile" in old["config"]["canzona"]  # the record read is not changed
+    assert read_summary(new) == new  # today's summaries read as they are
+    measured = {"iteration_ms_median": 1.0, "versions": {"torch": "2.13"}}  # no hardware block at all
+    assert read_summary(measured) == measured
 
 
 def test_trace_nests_overlapping_events_and_aligns_steps() -> None:

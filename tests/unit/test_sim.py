@@ -1,5 +1,5 @@
 """The simulator: hand-checkable timelines, the executor-mirroring iteration, the paper projection,
-the spec-derived profiles and the validation plumbing. No timing is asserted against the clock."""
+the spec-derived hardware files and the validation plumbing. No timing is asserted against the clock."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ from canzona.config import load_config
 from canzona.inventory import build_inventory, model_config
 from canzona.plan.methods import make_plan
 from canzona.records import STEP_FIELDS
-from canzona.sim.profile import COLLECTIVES, PROFILES_DIR, SPECS, Link, Profile, load_profile, spec_profile
+from canzona.sim.hardware import (
+    COLLECTIVES,
+    HARDWARE_DIR,
+    SPECS,
+    Hardware,
+    Link,
+    load_hardware,
+    spec_hardware,
+)
 from canzona.sim.simulate import project, simulate
 from canzona.sim.timeline import Timeline
 from canzona.sim.validate import compare, compare_sweep
@@ -24,9 +32,9 @@ TINY = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=1"]
 MS = 1e-3
 
 
-def toy_profile(*, slope_s: float = MS, overhead_s: float = 0.0, latency_s: float = 1e-4, bw: float = 1e9,
+def toy_hardware(*, slope_s: float = MS, overhead_s: float = 0.0, latency_s: float = 1e-4, bw: float = 1e9,
                 step_latency_s: float = 0.0, elementwise: bool = False, **extra) -> dict:
-    """A profile where every matrix update costs `slope_s` (+ `overhead_s` per shape group per call),
+    """A hardware description where every matrix update costs `slope_s` (+ `overhead_s` per shape group per call),
     nothing else costs anything unless `elementwise`, and every collective is latency + volume / bw."""
     shapes = {f"{m}x{n}" for name in ("qwen3-0.6b", "qwen3-4b") for div in (16,)
               for p in build_inventory(model_config(name, div, 2), split_fused=False) if p.kind == "matrix"
@@ -54,20 +62,20 @@ def toy_profile(*, slope_s: float = MS, overhead_s: float = 0.0, latency_s: floa
 
 # ---------------------------------------------------------------- timeline and collective model
 def test_single_collective_is_latency_plus_bytes_over_bandwidth() -> None:
-    prof = Profile(toy_profile(latency_s=1e-4, bw=1e9, step_latency_s=1e-5))
+    hw = Hardware(toy_hardware(latency_s=1e-4, bw=1e9, step_latency_s=1e-5))
     n = 8_000_000
     # two ranks: one ring step; reduce-scatter moves (P-1)/P of the buffer
-    assert prof.collective("reduce_scatter", n, [0, 1]) == pytest.approx(1e-4 + 0.5 * n / 1e9)
-    assert prof.collective("all_gather", n, [0, 1]) == pytest.approx(1e-4 + 0.5 * n / 1e9)
+    assert hw.collective("reduce_scatter", n, [0, 1]) == pytest.approx(1e-4 + 0.5 * n / 1e9)
+    assert hw.collective("all_gather", n, [0, 1]) == pytest.approx(1e-4 + 0.5 * n / 1e9)
     # all-reduce on 4 ranks: the tree's 2·log2(P) = 4 latency steps (fewer than the ring's 6),
     # the ring's 2(P-1)/P of the buffer
-    assert prof.collective("all_reduce", n, [0, 1, 2, 3]) == pytest.approx(1e-4 + 3 * 1e-5 + 1.5 * n / 1e9)
-    assert prof.collective("all_reduce", n, [0, 1]) == pytest.approx(1e-4 + 1 * 1e-5 + 1.0 * n / 1e9)
-    assert prof.collective("broadcast", n, [0, 1, 2]) == pytest.approx(1e-4 + 1e-5 + n / 1e9)
-    assert prof.collective("all_reduce", n, [0]) == 0.0
+    assert hw.collective("all_reduce", n, [0, 1, 2, 3]) == pytest.approx(1e-4 + 3 * 1e-5 + 1.5 * n / 1e9)
+    assert hw.collective("all_reduce", n, [0, 1]) == pytest.approx(1e-4 + 1 * 1e-5 + 1.0 * n / 1e9)
+    assert hw.collective("broadcast", n, [0, 1, 2]) == pytest.approx(1e-4 + 1e-5 + n / 1e9)
+    assert hw.collective("all_reduce", n, [0]) == 0.0
     tl = Timeline(2)
     tl.host(0, 0.5)  # rank 1 issues at t=0, rank 0 at t=0.5: the collective starts at 0.5
-    h = tl.collective([0, 1], "dp", prof.collective("reduce_scatter", n, [0, 1]), "rs")
+    h = tl.collective([0, 1], "dp", hw.collective("reduce_scatter", n, [0, 1]), "rs")
     assert (h.start, h.end) == pytest.approx((0.5, 0.5 + 1e-4 + 0.004))
     tl.wait(1, h)
     assert tl.cpu == pytest.approx([0.5, h.end])  # rank 0 has not waited yet
@@ -76,13 +84,13 @@ def test_single_collective_is_latency_plus_bytes_over_bandwidth() -> None:
 
 
 def test_inter_node_groups_use_the_network_level() -> None:
-    data = toy_profile(bw=100e9)
+    data = toy_hardware(bw=100e9)
     data["topology"] = {"ranks_per_node": 8}
     data["collectives"]["inter"] = {k: {"latency_s": 1e-4, "bandwidth_Bps": 10e9} for k in COLLECTIVES}
-    prof = Profile(data)
-    assert prof.level([0, 1, 7]) == "intra" and prof.level([0, 8]) == "inter"
-    assert prof.collective("all_gather", 1e9, [0, 8]) == pytest.approx(1e-4 + 0.5e9 / 10e9)
-    assert prof.collective("all_gather", 1e9, [0, 1]) == pytest.approx(1e-4 + 0.5e9 / 100e9)
+    hw = Hardware(data)
+    assert hw.level([0, 1, 7]) == "intra" and hw.level([0, 8]) == "inter"
+    assert hw.collective("all_gather", 1e9, [0, 8]) == pytest.approx(1e-4 + 0.5e9 / 10e9)
+    assert hw.collective("all_gather", 1e9, [0, 1]) == pytest.approx(1e-4 + 0.5e9 / 100e9)
 
 
 def test_balanced_ranks_never_wait_and_overlap_hides_comm() -> None:
@@ -108,10 +116,10 @@ def test_coalesced_rooted_calls_cost_the_busiest_members_pieces() -> None:
     from canzona.program.actions import Call
     from canzona.sim.interpret import ProgramSim
 
-    prof = Profile(toy_profile(latency_s=1e-4, bw=1e9))
-    assert prof.coalesces  # a CUDA profile launches a coalesced group together
+    hw = Hardware(toy_hardware(latency_s=1e-4, bw=1e9))
+    assert hw.coalesces  # CUDA hardware launches a coalesced group together
     sim = ProgramSim.__new__(ProgramSim)  # only the collective model is exercised
-    sim.prof = prof
+    sim.hw = hw
     members = [0, 1, 2, 3]
 
     def group(op: str, pieces: list[int]) -> list[list[Call]]:
@@ -120,7 +128,7 @@ def test_coalesced_rooted_calls_cost_the_busiest_members_pieces() -> None:
 
     for op in ("reduce", "broadcast"):
         seconds, transfer = sim._seconds(group(op, [1000] * 4), members)
-        even = prof.collective_parts("reduce_scatter", 4 * 4000, members)[1]
+        even = hw.collective_parts("reduce_scatter", 4 * 4000, members)[1]
         assert transfer == pytest.approx(even) and seconds == pytest.approx(1e-4 + even)
         # one member owns nothing: it forwards all 7000 elements
         _, transfer = sim._seconds(group(op, [4000, 2000, 1000, 0]), members)
@@ -138,9 +146,9 @@ def test_param_sync_waits_for_peers_still_in_their_step_are_kept_apart(overlap: 
     ``param_sync_transfer_ms`` is the exposed parameter sync without it."""
     model = {"dtype": "float32", "forward": {"fixed_s": 1e-6, "layer_s": 0.0, "flops_per_s": 1e30},
              "backward": {"fixed_s": 1e-6, "layer_s": 0.0, "flops_per_s": 1e30}}
-    prof = toy_profile(slope_s=10 * MS, latency_s=1e-5, model=model)
+    hw = toy_hardware(slope_s=10 * MS, latency_s=1e-5, model=model)
     base = TINY + ["parallel.dp=3", f"dist.overlap_param_gather={overlap}", "optimizer.clip_grad=0"]
-    res = project(load_config(base + ["method=canzona"]), prof, events="none")
+    res = project(load_config(base + ["method=canzona"]), hw, events="none")
     rows = res["steps"]
     slow = max(rows, key=lambda r: r["optimizer_step_ms"])
     fast = min(rows, key=lambda r: r["optimizer_step_ms"])
@@ -154,7 +162,7 @@ def test_param_sync_waits_for_peers_still_in_their_step_are_kept_apart(overlap: 
         max(r["param_sync_ms"] - r["param_sync_peer_ms"] for r in rows))
     assert res["param_sync_transfer_ms"] < res["param_sync_ms"] - 0.9 * gap
     # ZeRO-1's even shards: every rank issues its gathers at the same time
-    even = project(load_config(base + ["method=adamw", "optimizer.name=adamw"]), prof, events="none")
+    even = project(load_config(base + ["method=adamw", "optimizer.name=adamw"]), hw, events="none")
     assert all(r["param_sync_peer_ms"] == pytest.approx(0.0, abs=1e-9) for r in even["steps"])
     assert even["param_sync_transfer_ms"] == pytest.approx(even["param_sync_ms"])
 
@@ -166,16 +174,16 @@ def test_forward_tp_all_reduces_sit_in_their_units() -> None:
 
     cfg = load_config(TINY + ["model.num_layers=3", "parallel.tp=2", "method=canzona"])
     plan = make_plan(cfg, device="cuda")
-    prof = load_profile("h100")
-    work = model_work(cfg, plan, prof, [0, 1])
+    hw = load_hardware("h100")
+    work = model_work(cfg, plan, hw, [0, 1])
     tp_s = [t for _, _, t in work.forward_units]
     assert len(tp_s) == 3 + 2 and all(t > 0 for t in tp_s)  # embedding, 3 layers, head
     # Megatron's count: 2 activation all-reduces per layer + the embedding's, 3 small ones in the loss
-    act = prof.collective("all_reduce", work.tokens * cfg.model_cfg().hidden * prof.activation_bytes, [0, 1])
-    small = prof.collective("all_reduce", work.tokens * 4, [0, 1])
+    act = hw.collective("all_reduce", work.tokens * cfg.model_cfg().hidden * hw.activation_bytes, [0, 1])
+    small = hw.collective("all_reduce", work.tokens * 4, [0, 1])
     assert sum(tp_s) == pytest.approx((2 * 3 + 1) * act + 3 * small) == pytest.approx(work.tp_forward_s)
     assert tp_s[1] == tp_s[2] == tp_s[3] and tp_s[1] > tp_s[0]  # two activation all-reduces per layer
-    res = project(cfg, prof, events="all")
+    res = project(cfg, hw, events="all")
     fwd = [e for e in res["steps"][0]["events"] if e["name"] == "forward TP all-reduces"]
     assert len(fwd) == len(tp_s)
 
@@ -187,29 +195,29 @@ def test_sequence_parallel_trades_each_tp_all_reduce_for_a_gather_and_a_scatter(
     gradients; the walk and its buckets stay. At TP 1 it is ignored, as Megatron ignores it."""
     from canzona.sim.model import model_work
 
-    prof = load_profile("h100")
+    hw = load_hardware("h100")
     works, cfgs = {}, {}
     for spv in ("false", "true"):
         cfg = cfgs[spv] = load_config(TINY + ["model.num_layers=3", "parallel.tp=2", "method=canzona",
                                               f"parallel.sequence_parallel={spv}"])
-        works[spv] = model_work(cfg, make_plan(cfg, device="cuda"), prof, [0, 1])
+        works[spv] = model_work(cfg, make_plan(cfg, device="cuda"), hw, [0, 1])
     plain, sp = works["false"], works["true"]
-    act = plain.tokens * cfgs["true"].model_cfg().hidden * prof.activation_bytes
-    ag, rs = prof.collective("all_gather", act, [0, 1]), prof.collective("reduce_scatter", act, [0, 1])
-    small = prof.collective("all_reduce", plain.tokens * 4, [0, 1])
+    act = plain.tokens * cfgs["true"].model_cfg().hidden * hw.activation_bytes
+    ag, rs = hw.collective("all_gather", act, [0, 1]), hw.collective("reduce_scatter", act, [0, 1])
+    small = hw.collective("all_reduce", plain.tokens * 4, [0, 1])
     assert sp.tp_forward_s == pytest.approx(3 * 2 * (ag + rs) + rs + ag + 3 * small)
     assert [d for _, d in sp.backward_units] == [d for _, d in plain.backward_units]
     hidden_norms = 2 * 3 + 1
-    norm = prof.collective("all_reduce", cfgs["true"].model_cfg().hidden * 4, [0, 1])
-    ar = prof.collective("all_reduce", act, [0, 1])
+    norm = hw.collective("all_reduce", cfgs["true"].model_cfg().hidden * 4, [0, 1])
+    ar = hw.collective("all_reduce", act, [0, 1])
     extra = sum(s for s, _ in sp.backward_units) - sum(s for s, _ in plain.backward_units)
     # per layer 4 AG + 2 RS against 2 AR; head AG + RS against AR; embedding AG; 7 norms
     assert extra == pytest.approx(3 * (4 * ag + 2 * rs - 2 * ar) + (ag + rs - ar) + ag + hidden_norms * norm)
-    assert any("sequence parallelism: b·s·hidden" in a for a in project(cfgs["true"], prof)["assumptions"])
+    assert any("sequence parallelism: b·s·hidden" in a for a in project(cfgs["true"], hw)["assumptions"])
     one = load_config(TINY + ["model.num_layers=3", "method=canzona", "parallel.sequence_parallel=true"])
     assert not one.sequence_parallel
-    assert model_work(one, make_plan(one, device="cuda"), prof, [0]) == model_work(
-        load_config(TINY + ["model.num_layers=3", "method=canzona"]), make_plan(one, device="cuda"), prof, [0])
+    assert model_work(one, make_plan(one, device="cuda"), hw, [0]) == model_work(
+        load_config(TINY + ["model.num_layers=3", "method=canzona"]), make_plan(one, device="cuda"), hw, [0])
 
 
 def test_recompute_runs_each_layer_forward_again_in_backward() -> None:
@@ -217,11 +225,11 @@ def test_recompute_runs_each_layer_forward_again_in_backward() -> None:
     included) just before that layer's gradients; nothing else changes."""
     from canzona.sim.model import model_work
 
-    prof = load_profile("h100")
+    hw = load_hardware("h100")
     works = {}
     for rc in ("none", "full"):
         cfg = load_config(TINY + ["model.num_layers=3", "parallel.tp=2", "method=canzona", f"train.recompute={rc}"])
-        works[rc] = model_work(cfg, make_plan(cfg, device="cuda"), prof, [0, 1])
+        works[rc] = model_work(cfg, make_plan(cfg, device="cuda"), hw, [0, 1])
     none, full = works["none"], works["full"]
     assert full.forward_units == none.forward_units
     assert [d for _, d in full.backward_units] == [d for _, d in none.backward_units]
@@ -234,20 +242,20 @@ def test_recompute_runs_each_layer_forward_again_in_backward() -> None:
 # ---------------------------------------------------------------- the iteration
 def test_one_rank_step_is_the_sum_of_its_updates() -> None:
     cfg = load_config(TINY + ["method=canzona"])
-    res = project(cfg, toy_profile(slope_s=MS))
+    res = project(cfg, toy_hardware(slope_s=MS))
     # 4 matrices (qkv, proj, fc1, fc2), four shapes: one batched call, 1 ms each; nothing else costs
     assert res["optimizer_step_ms"] == pytest.approx(4.0)
     assert res["param_sync_ms"] == 0.0 and res["grad_reduce_ms"] == 0.0
     assert res["iteration_ms"] == pytest.approx(10.0 + 20.0 + 4.0)  # forward + backward fixed + step
-    over = project(cfg, toy_profile(slope_s=MS, overhead_s=0.5 * MS))
+    over = project(cfg, toy_hardware(slope_s=MS, overhead_s=0.5 * MS))
     assert over["optimizer_step_ms"] == pytest.approx(4.0 + 4 * 0.5)
 
 
 def test_equal_costs_split_evenly_over_dp_and_sync_is_redundant(tmp_path: Path) -> None:
     path = tmp_path / "toy.yaml"
-    path.write_text(yaml.safe_dump(toy_profile(slope_s=MS, latency_s=0.0, bw=1e30)))
+    path.write_text(yaml.safe_dump(toy_hardware(slope_s=MS, latency_s=0.0, bw=1e30)))
     base = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "parallel.dp=2", "bucket.size=1000",
-            "canzona.cost=measured", f"canzona.measured_profile={path}"]
+            "canzona.cost=measured", f"canzona.measured_table={path}"]
     canz = project(load_config(base + ["method=canzona"]), str(path))
     sync = project(load_config(base + ["method=sync"]), str(path))
     # 8 matrices of equal cost: canzona gives each DP rank 4, sync computes all 8 on both
@@ -257,9 +265,9 @@ def test_equal_costs_split_evenly_over_dp_and_sync_is_redundant(tmp_path: Path) 
 
 def test_pipeline_depth_hides_tp_communication() -> None:
     base = ["model=qwen3-4b", "model.width_div=16", "model.num_layers=2", "parallel.tp=2", "method=canzona"]
-    prof = toy_profile(slope_s=MS, latency_s=0.4 * MS)
-    serial = project(load_config(base + ["canzona.pipeline_depth=0"]), prof)
-    piped = project(load_config(base + ["canzona.pipeline_depth=2"]), prof)
+    hw = toy_hardware(slope_s=MS, latency_s=0.4 * MS)
+    serial = project(load_config(base + ["canzona.pipeline_depth=0"]), hw)
+    piped = project(load_config(base + ["canzona.pipeline_depth=2"]), hw)
     groups = piped["plan"]["micro_groups"][0]
     assert groups > 1
     assert piped["optimizer_step_ms"] < serial["optimizer_step_ms"]
@@ -269,7 +277,7 @@ def test_pipeline_depth_hides_tp_communication() -> None:
 
 def test_phases_and_events_follow_the_records_format() -> None:
     res = project(load_config(TINY + ["parallel.dp=2", "parallel.tp=2", "method=canzona"]), "h100", events="all")
-    assert res["projected"] is True and res["profile"]["name"] == "h100" and res["assumptions"]
+    assert res["projected"] is True and res["hardware"]["name"] == "h100" and res["assumptions"]
     row = res["steps"][0]
     assert set(STEP_FIELDS) <= set(row)
     names = {e["name"].split()[0] for e in row["events"]}
@@ -311,21 +319,41 @@ def test_paper_projection_every_method(layout: tuple[str, str]) -> None:
     assert out["canzona"]["optimizer_step_ms"] < out["layerwise"]["optimizer_step_ms"]
 
 
-def test_spec_profiles_are_the_generator_output_and_labelled() -> None:
+def test_spec_hardwares_are_the_generator_output_and_labelled() -> None:
     for key in SPECS:
-        data = yaml.safe_load((PROFILES_DIR / f"{key}.yaml").read_text())
-        assert data == spec_profile(key)
+        data = yaml.safe_load((HARDWARE_DIR / f"{key}.yaml").read_text())
+        assert data == spec_hardware(key)
         assert data["source"] == "spec-derived" and data["inputs"]["sources"] and data["inputs"]["efficiency"]
-        prof = load_profile(key)
-        assert prof.ranks_per_node == 8 and set(prof.links) == {"intra", "inter"}
-        assert prof.collective("all_reduce", 1e9, list(range(16))) > prof.collective("all_reduce", 1e9, list(range(8)))
+        hw = load_hardware(key)
+        assert hw.ranks_per_node == 8 and set(hw.links) == {"intra", "inter"}
+        assert hw.collective("all_reduce", 1e9, list(range(16))) > hw.collective("all_reduce", 1e9, list(range(8)))
 
 
-def test_unknown_profile_is_a_one_line_error() -> None:
+def test_unknown_hardware_is_a_one_line_error() -> None:
     from canzona.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not found"):
-        load_profile("no-such-profile")
+        load_hardware("no-such-hardware")
+
+
+def test_a_hardware_file_left_in_profiles_says_where_to_move_it(tmp_path: Path, monkeypatch) -> None:
+    """profiles/ became hardware/: a (git-ignored) calibration left there is not read silently."""
+    import canzona.sim.hardware as hardware
+    from canzona.errors import ConfigError
+
+    old = tmp_path / "profiles"
+    old.mkdir()
+    (old / "local.yaml").write_text(yaml.safe_dump(spec_hardware("a100")))
+    monkeypatch.setattr(hardware, "BEFORE_RENAME_DIR", old)
+    monkeypatch.setattr(hardware, "HARDWARE_DIR", tmp_path / "hardware")
+    monkeypatch.setattr(hardware, "LOCAL_FILE", tmp_path / "hardware" / "local.yaml")
+    with pytest.raises(ConfigError, match=r"profiles/local.yaml is from before profiles/ was renamed hardware/: "
+                                          r"move it to .*hardware/local.yaml"):
+        load_hardware("local")
+    with pytest.raises(ConfigError, match="move it to"):
+        hardware.local_file()  # the default of a measured sweep's report
+    (old / "local.yaml").unlink()
+    assert hardware.local_file() is None
 
 
 def test_link_seconds_monotone_in_bytes() -> None:
@@ -337,7 +365,7 @@ def test_link_seconds_monotone_in_bytes() -> None:
 def _fake_trial(root: Path, name: str, overrides: list[str], factor: float) -> Path:
     """A trial folder whose measurements are the projection times `factor`."""
     cfg = load_config(overrides)
-    res = project(cfg, toy_profile(), events="none")
+    res = project(cfg, toy_hardware(), events="none")
     d = root / name
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), "out": str(d)}))
@@ -351,7 +379,7 @@ def _fake_trial(root: Path, name: str, overrides: list[str], factor: float) -> P
 
 def test_compare_reports_signed_percent_errors(tmp_path: Path) -> None:
     d = _fake_trial(tmp_path, "t1", TINY + ["parallel.dp=2", "method=canzona"], 1.25)
-    row = compare(d, toy_profile())
+    row = compare(d, toy_hardware())
     assert row["optimizer_step_ms_error_pct"] == pytest.approx(-20.0)
     assert row["phases"]["compute"]["error_pct"] is None or row["phases"]["compute"]["error_pct"] == pytest.approx(-20.0)
     _fake_trial(tmp_path, "t2", TINY + ["parallel.dp=2", "method=sync"], 0.5)
@@ -359,11 +387,31 @@ def test_compare_reports_signed_percent_errors(tmp_path: Path) -> None:
     bad.mkdir()
     (bad / "config.yaml").write_text("method: nope\n")
     (bad / "summary.json").write_text("{}")
-    res = compare_sweep(tmp_path, toy_profile())
+    res = compare_sweep(tmp_path, toy_hardware())
     assert len(res["trials"]) == 2 and len(res["errors"]) == 1
     by = {m["method"]: m for m in res["by_method"]}
     assert by["sync"]["optimizer_step_ms_median_abs_error_pct"] == pytest.approx(100.0)
     assert res["overall"]["optimizer_step_ms_worst_trial"] == "t2"
+
+
+def test_compare_reads_a_trial_recorded_before_the_rename(tmp_path: Path) -> None:
+    """config.yaml written with canzona.cost_profile / canzona.measured_profile (before they were
+    canzona.cost_hardware / canzona.measured_table): compared as the same trial."""
+    d = _fake_trial(tmp_path, "t1", TINY + ["parallel.dp=2", "method=canzona", "canzona.cost_hardware=a100"], 1.25)
+    now = compare(d, toy_hardware())
+    raw = yaml.safe_load((d / "config.yaml").read_text())
+    raw["canzona"]["cost_profile"] = raw["canzona"].pop("cost_hardware")
+    raw["canzona"]["measured_profile"] = raw["canzona"].pop("measured_table")
+    (d / "config.yaml").write_text(yaml.safe_dump(raw))
+    assert compare(d, toy_hardware()) == now
+    from canzona.config import read_config
+    from canzona.errors import ConfigError
+
+    upgraded = read_config(raw)
+    assert upgraded["canzona"]["cost_hardware"] == "a100" and "cost_profile" not in upgraded["canzona"]
+    assert "cost_profile" in raw["canzona"]  # the record read is not changed
+    with pytest.raises(ConfigError, match="canzona.cost_profile= is now canzona.cost_hardware="):
+        load_config(base=raw)  # given as a config (not read as a record): refused
 
 
 def test_simulate_uses_a_given_plan() -> None:
@@ -377,9 +425,9 @@ def test_write_trial_round_trips_through_compare(tmp_path: Path) -> None:
     from canzona.sim.simulate import write_trial
 
     cfg = load_config(TINY + ["parallel.dp=2", "parallel.tp=2", "method=sync"])
-    summary = write_trial(cfg, toy_profile(), tmp_path / "t")
+    summary = write_trial(cfg, toy_hardware(), tmp_path / "t")
     assert summary["projected"] is True and "steps" not in summary
     rows = [json.loads(line) for line in (tmp_path / "t" / "steps.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all(r["projected"] for r in rows)
-    row = compare(tmp_path / "t", toy_profile())
+    row = compare(tmp_path / "t", toy_hardware())
     assert row["optimizer_step_ms_error_pct"] == pytest.approx(0.0) and row["plan_matches"] is True

@@ -208,6 +208,13 @@ def test_ids_are_stable_readable_and_content_addressed(tmp_path):
         (["sweep=qwen3_scaling", "profile=paper", "slurm.time=soon"], "is not a Slurm time"),
         (["sweep=qwen3_scaling", "cluster=slurm", "slurm.tasks_per_node=3"], "do not fill whole nodes"),
         (["sweep=qwen3_scaling", "oops"], "expected key=value"),
+        # renamed keys: one line naming the new one (canzona.sweep.settings.RENAMED, canzona.config.RENAMED)
+        (["sweep=qwen3_scaling", "dry_run=true"], "dry_run= is now list= (list=true lists the runs"),
+        (["sweep=qwen3_scaling", "sim.profile=h100"], "sim.profile= is now sim.hardware= (the hardware file"),
+        (["sweep=qwen3_scaling", "canzona.cost_profile=a100"],
+         "command line: canzona.cost_profile= is now canzona.cost_hardware="),
+        (["sweep=qwen3_scaling", "canzona.measured_profile=t.yaml"],
+         "command line: canzona.measured_profile= is now canzona.measured_table="),
     ],
 )
 def test_bad_arguments_give_one_line_errors(items, fragment):
@@ -223,6 +230,44 @@ def test_cli_error_exits_2_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ")
     assert not results.exists()
+
+
+def test_renamed_keys_are_refused_in_sweep_files_and_on_the_command_line(tmp_path, capsys):
+    """The hardware keys' old names (``sim.profile``, ``canzona.cost_profile``) wherever a sweep
+    takes keys: one line pointing to the new name, exit 2, nothing written; ``profile=`` is still
+    the sweep profile."""
+    d = write_sweep(tmp_path, MINI.replace("train.steps: 2}", "train.steps: 2, canzona.cost_profile: a100}"), "fixed")
+    with pytest.raises(ConfigError, match=r"fixed.yaml fixed: canzona.cost_profile= is now canzona.cost_hardware="):
+        plan("sweep=fixed", configs_dir=d)
+    d = write_sweep(tmp_path, MINI + "    sweep: {sim: {profile: h200}}\n", "settings")
+    with pytest.raises(ConfigError, match=r"^sim.profile= is now sim.hardware="):
+        plan("sweep=settings", configs_dir=d)
+    d = write_sweep(tmp_path, MINI.replace("layout:\n", "size:\n        a: {canzona: {measured_profile: t.yaml}}\n"
+                                                    "      layout:\n"), "axis")
+    with pytest.raises(ConfigError, match=r"axis size.a: canzona.measured_profile= is now canzona.measured_table="):
+        plan("sweep=axis", configs_dir=d)
+    results = tmp_path / "results"
+    assert main(["sweep=qwen3_scaling", "profile=paper_projection", "sim.profile=h200", f"results={results}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: sim.profile= is now sim.hardware=") and not results.exists()
+    p = plan("sweep=qwen3_scaling", "profile=paper_projection", "sim.hardware=h200", "list=true")
+    assert p.profile == "paper_projection" and p.sim_hardware == "h200"
+    assert p.results_dir.name == "qwen3_scaling-paper_projection-sim-h200"
+
+
+def test_a_renamed_trial_key_keeps_every_trial_id():
+    """Trial ids hash a renamed key under its old name: results folders recorded before the
+    rename (canzona.cost_profile -> canzona.cost_hardware) are the same trials."""
+    import hashlib
+
+    cfg = load_config(["model=qwen3-8b", "parallel.dp=4", "canzona.cost_hardware=a100"])
+    before = cfg.to_dict()
+    before.pop("out")
+    before["canzona"]["cost_profile"] = before["canzona"].pop("cost_hardware")
+    before["canzona"]["measured_profile"] = before["canzona"].pop("measured_table")
+    blob = json.dumps(before, sort_keys=True, separators=(",", ":"), default=str)
+    assert trial_id(cfg).rsplit("-", 1)[1] == hashlib.sha256(blob.encode()).hexdigest()[:10]
+    assert trial_id(cfg) != trial_id(load_config(["model=qwen3-8b", "parallel.dp=4"]))  # the value still counts
 
 
 def test_cli_as_a_script_exits_2(tmp_path):
@@ -599,17 +644,17 @@ def test_list(capsys):
 def test_report_hook(tmp_path, capsys, monkeypatch):
     got = {}
 
-    def fake(d, out=None, profile="auto"):
-        got["profile"] = profile
+    def fake(d, out=None, hardware="auto"):
+        got["hardware"] = hardware
         return Path(d) / "report" / "index.html"
 
     monkeypatch.setattr("analysis.report.build_report", fake)
     out = io.StringIO()
-    assert build_report(tmp_path, out, profile="h100") == 0
+    assert build_report(tmp_path, out, hardware="h100") == 0
     assert out.getvalue().splitlines()[-1] == str(tmp_path / "report" / "index.html")
-    assert got["profile"] == "h100"
+    assert got["hardware"] == "h100"
 
-    def broken(d, out=None, profile="auto"):
+    def broken(d, out=None, hardware="auto"):
         raise ValueError("no trials")
 
     monkeypatch.setattr("analysis.report.build_report", broken)

@@ -1,9 +1,9 @@
-"""Device profiles: what compute and communication cost on one kind of machine.
+"""Hardware descriptions: what compute and communication cost on one kind of machine.
 
-A profile is a YAML file (``profiles/NAME.yaml``), written by ``python -m canzona.calibrate``
+A hardware file is a YAML file (``hardware/NAME.yaml``), written by ``python -m canzona.calibrate``
 (``source: calibrated``) or derived from public specs (``source: spec-derived``, with the inputs
 listed under ``inputs``). Every key below is optional except ``name``; missing numbers fall back
-to flop / byte rates, so a spec profile needs no per-shape table::
+to flop / byte rates, so a spec-derived file needs no per-shape table::
 
     name: h100
     source: spec-derived | calibrated
@@ -60,7 +60,9 @@ from canzona.errors import ConfigError
 from canzona.optim import registry
 from canzona.optim.section import OptimizerSection
 
-PROFILES_DIR = CHECKOUT / "profiles"
+HARDWARE_DIR = CHECKOUT / "hardware"
+LOCAL_FILE = HARDWARE_DIR / "local.yaml"  # this machine's calibration, if one was made (git-ignored)
+BEFORE_RENAME_DIR = CHECKOUT / "profiles"  # where hardware files lived before they were called that
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
 LEVELS = ("intra", "inter")
 # Elementwise passes over the matrix (4-byte reads + writes) besides the matmuls, per update
@@ -152,12 +154,12 @@ def refresh_flops(optimizer: str, m: int, n: int, settings: Any = None) -> float
     return registry.get(optimizer).refresh_flops((m, n), settings or _settings())
 
 
-class Profile:
-    """A loaded profile. Every method returns seconds."""
+class Hardware:
+    """A loaded hardware description. Every method returns seconds."""
 
     def __init__(self, data: dict[str, Any], path: str | None = None):
         if not isinstance(data, dict) or not data.get("name"):
-            raise ConfigError(f"profile {path or ''} must be a mapping with a name")
+            raise ConfigError(f"hardware {path or ''} must be a mapping with a name")
         self.raw, self.path = data, path
         self.name = str(data["name"])
         self.source = str(data.get("source", "unknown"))
@@ -167,7 +169,7 @@ class Profile:
         comp = data.get("compute") or {}
         self.matmul_flops = {k: float(v) for k, v in (comp.get("matmul_flops_per_s") or {}).items()}
         if "float32" not in self.matmul_flops:
-            raise ConfigError(f"profile {self.name}: compute.matmul_flops_per_s.float32 is required")
+            raise ConfigError(f"hardware {self.name}: compute.matmul_flops_per_s.float32 is required")
         self.eigh_flops = float(comp.get("eigh_flops_per_s", self.matmul_flops["float32"] * 0.05))
         self.memory_Bps = float(comp.get("memory_bytes_per_s", 1e10))
         self.call_overhead_s = float(comp.get("call_overhead_s", 0.0))
@@ -197,11 +199,11 @@ class Profile:
             if level in coll:
                 self.links[level] = {k: _link(v) for k, v in coll[level].items()}
         if "intra" not in self.links:
-            raise ConfigError(f"profile {self.name}: collectives.intra is required")
+            raise ConfigError(f"hardware {self.name}: collectives.intra is required")
         for level, links in self.links.items():
             missing = [k for k in COLLECTIVES if k not in links]
             if missing:
-                raise ConfigError(f"profile {self.name}: collectives.{level} lacks {', '.join(missing)}")
+                raise ConfigError(f"hardware {self.name}: collectives.{level} lacks {', '.join(missing)}")
 
     # ------------------------------------------------------------------ description
     def describe(self) -> dict[str, Any]:
@@ -210,13 +212,13 @@ class Profile:
 
     @property
     def fingerprint(self) -> str:
-        """A short hash of the profile's content: projections made with another content differ."""
+        """A short hash of the file's content: projections made with another content differ."""
         text = json.dumps(self.raw, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def inputs(self) -> dict[str, Any]:
         """What a projection rests on, for a report: the description, device and topology, the
-        stated inputs of a spec-derived profile (peaks, efficiencies, sources) or the scalar
+        stated inputs of a spec-derived description (peaks, efficiencies, sources) or the scalar
         settings of a calibration, and the effective rates the simulator uses."""
         calib = {k: v for k, v in (self.raw.get("calibration") or {}).items()
                  if not isinstance(v, (dict, list)) or k == "width_divs"}
@@ -277,9 +279,17 @@ class Profile:
         dtype = registry.get(optimizer).matmul_dtype(_settings(ns_dtype=ns_dtype))
         return self.matmul_flops.get(dtype, self.matmul_flops["float32"])
 
-    def _flops_seconds(self, optimizer: str, m: int, n: int, ns_dtype: str, ns_steps: int) -> float:
-        passes = ELEMENTWISE_PASSES.get(optimizer, 0.0)
-        return steady_flops(optimizer, m, n, ns_steps) / self._matmul_rate(optimizer, ns_dtype) + passes * 4.0 * m * n / self.memory_Bps
+    def update_seconds(self, optimizer: str, m: int, n: int, settings: Any = None, *, refresh: bool = False) -> float:
+        """One update of one m×n matrix from the rates alone (the roofline):
+        ``steady flops / matmul rate (the optimizer's matmul dtype) + elementwise passes × 4 bytes
+        × m·n / memory bandwidth``, and with ``refresh`` its preconditioner refresh amortised
+        (``refresh flops / eigendecomposition rate / refresh interval``). ``settings``: an
+        optimizer section (None: the defaults). What `canzona.roofline` and the simulator both use."""
+        d, s = registry.get(optimizer), settings if settings is not None else _settings()
+        rate = self.matmul_flops.get(d.matmul_dtype(s), self.matmul_flops["float32"])
+        every = d.refresh_every(s) if refresh and d.refresh_every is not None else None
+        amortised = d.refresh_flops((m, n), s) / self.eigh_flops / every if every else 0.0
+        return d.steady_flops((m, n), s) / rate + amortised + d.elementwise_passes * 4.0 * m * n / self.memory_Bps
 
     def matrix_batch(self, optimizer: str, m: int, n: int, ns_dtype: str = "float32", ns_steps: int = 5) -> tuple[float, float]:
         """(overhead_s, slope_s): one batched call over c matrices of shape m×n costs overhead + c·slope."""
@@ -298,7 +308,7 @@ class Profile:
             best = min(table, key=lambda k: abs(steady_flops(optimizer, *_parse(k), ns_steps) - target))
             ref = steady_flops(optimizer, *_parse(best), ns_steps)
             return default_overhead, float(table[best]["slope_s"]) * target / ref * dtype_scale
-        return default_overhead, self._flops_seconds(optimizer, m, n, ns_dtype, ns_steps)
+        return default_overhead, self.update_seconds(optimizer, m, n, _settings(ns_steps, ns_dtype))
 
     def matrix_call(self, optimizer: str, shapes: Iterable[tuple[int, int]], ns_dtype: str = "float32",
                     ns_steps: int = 5) -> float:
@@ -337,23 +347,44 @@ def _link(d: dict[str, Any]) -> Link:
     return Link(float(d["latency_s"]), float(d["bandwidth_Bps"]), float(d.get("step_latency_s", 0.0)))
 
 
-def load_profile(profile: str | Path | dict[str, Any] | Profile) -> Profile:
-    """A Profile from an instance, a dict, a YAML path, or a name under ``profiles/``."""
-    if isinstance(profile, Profile):
-        return profile
-    if isinstance(profile, dict):
-        return Profile(profile)
-    path = Path(profile)
+def load_hardware(hardware: str | Path | dict[str, Any] | Hardware) -> Hardware:
+    """A Hardware from an instance, a dict, a YAML path, or a name under ``hardware/``."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    if isinstance(hardware, dict):
+        return Hardware(hardware)
+    path = Path(hardware)
     if not path.exists() and not path.suffix:
-        path = PROFILES_DIR / f"{profile}.yaml"
+        path = HARDWARE_DIR / f"{hardware}.yaml"
     if not path.exists():
-        have = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))) or "none"
-        raise ConfigError(f"profile {str(profile)!r} not found (a YAML path, or one of: {have})")
+        have = ", ".join(sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))) or "none"
+        raise ConfigError(f"hardware {str(hardware)!r} not found (a YAML path, or one of: {have})"
+                          + _moved_hint(Path(str(hardware))))
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"profile {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    return Profile(data, str(path))
+        raise ConfigError(f"hardware {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    return Hardware(data, str(path))
+
+
+def _moved_hint(given: Path) -> str:
+    """For a name (``local``) whose file is still in ``profiles/``, where hardware files were
+    before the rename: where to move it."""
+    old = BEFORE_RENAME_DIR / f"{given}.yaml"
+    if given.suffix or not old.is_file():
+        return ""
+    return f"; {old} is from before profiles/ was renamed hardware/: move it to {HARDWARE_DIR / old.name}"
+
+
+def local_file() -> Path | None:
+    """``hardware/local.yaml`` (this machine's calibration) if it exists, else None; a ConfigError
+    when only the ``profiles/local.yaml`` of before the rename exists (it would be ignored)."""
+    if LOCAL_FILE.is_file():
+        return LOCAL_FILE
+    old = BEFORE_RENAME_DIR / LOCAL_FILE.name
+    if old.is_file():
+        raise ConfigError(f"{old} is from before profiles/ was renamed hardware/: move it to {LOCAL_FILE}")
+    return None
 
 
 # ---------------------------------------------------------------------------------- spec-derived
@@ -375,7 +406,7 @@ class DeviceSpec:
     launch_s: float = 1e-5  # per collective / kernel launch
 
 
-# Efficiency factors applied to the peaks (stated in every spec profile's ``inputs``).
+# Efficiency factors applied to the peaks (stated in every spec-derived file's ``inputs``).
 EFFICIENCY = {
     "optimizer_matmul": 0.60,  # batched Newton-Schulz / preconditioner GEMMs of these sizes
     "eigh_of_fp32_peak": 0.10,  # cuSOLVER syevd reaches a small fraction of peak
@@ -408,8 +439,8 @@ SPECS = {
 }
 
 
-def spec_profile(key: str) -> dict[str, Any]:
-    """The spec-derived profile dict for one of `SPECS` (what ``profiles/<key>.yaml`` holds)."""
+def spec_hardware(key: str) -> dict[str, Any]:
+    """The spec-derived hardware dict for one of `SPECS` (what ``hardware/<key>.yaml`` holds)."""
     s = SPECS[key]
     e = EFFICIENCY
     mem = s.hbm_TBps * 1e12 * e["memory"]
