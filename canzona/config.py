@@ -233,9 +233,32 @@ def read_config(raw: dict[str, Any]) -> dict[str, Any]:
     return upgrade_keys(raw, RENAMED)
 
 
+# Keys added after trial ids were first recorded, each with the value that describes a trial
+# exactly as it was before the key existed. At that value a key is left out of the id
+# (`id_dict`), so that upgrading the harness keeps every results folder resumable; any other
+# value makes a new trial. A new key whose default changes what a trial does must not be here.
+ID_NEUTRAL: dict[str, Any] = {
+    "parallel.ep": 1,
+    "parallel.etp": None,
+    "model.num_experts": None,
+    "model.top_k": None,
+    "bucket.expert_size": None,
+    "optimizer.batch_equal_shapes": False,
+}
+
+
 def id_dict(config: dict[str, Any]) -> dict[str, Any]:
-    """The config as trial ids hash it: renamed keys under their names of before the rename."""
-    return move_keys(config, {r.new: old for old, r in RENAMED.items()})
+    """The config as trial ids hash it: renamed keys under their names of before the rename, and
+    keys added since at their neutral value (`ID_NEUTRAL`) left out."""
+    out = move_keys(config, {r.new: old for old, r in RENAMED.items()})
+    for dotted, neutral in ID_NEUTRAL.items():
+        *parents, leaf = dotted.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and node[leaf] == neutral:
+            del node[leaf]
+    return out
 
 
 @functools.cache
