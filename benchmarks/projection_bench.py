@@ -39,7 +39,7 @@ from canzona.config import load_config
 from canzona.errors import ConfigError
 from canzona.overrides import refuse_renamed
 from canzona.sim.simulate import RENAMED, project
-from canzona.sweep.expand import build_plan
+from canzona.sweep.expand import expand_sweep
 
 METHODS = ("canzona", "adamw", "sync")
 LIMIT = 1.2  # issue 12: canzona's gradient reduction + parameter sync at most 1.2x adamw's
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         refuse_renamed(RENAMED, [(key, hardware)])  # profile=: the simulator's old key
         if key != "hardware":
             raise ConfigError(f"expected hardware=NAME|PATH, got {args.hardware!r}")
-        plan = build_plan(["sweep=qwen3_scaling", f"profile={args.sweep_profile}"])
+        plan = expand_sweep(["sweep=qwen3_scaling", f"profile={args.sweep_profile}"])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -6,9 +6,9 @@ under ``results/<sweep>/<run>/``.
 - `keys`         trial keys and values as sweep files and command lines write them.
 - `sweepfile`    the sweep-file YAML grammar.
 - `arguments`    the command line: settings, axis selections, trial values.
-- `expand`       sweep file + command line -> a validated `SweepPlan` (pure).
+- `expand`       sweep file + command line -> a validated `ExpandedSweep` (pure).
 - `ids`          trial ids and run folder names.
-- `trials`       `SweepPlan`, `SweepTrial`, `TrialRun` and the interleaved run order.
+- `trials`       `ExpandedSweep`, `SweepTrial`, `TrialRun` and the interleaved run order.
 - `jobshape`     Slurm job shapes and the layout checks.
 - `lock`         one sweep at a time per results folder.
 - `bookkeeping`  run folders: status.json, stdout/stderr tails, what a rerun must run.

@@ -16,7 +16,7 @@ from typing import Any
 
 from canzona.sweep.handles import RunHandle
 from canzona.sweep.settings import SweepSettings
-from canzona.sweep.trials import SweepPlan, TrialRun
+from canzona.sweep.trials import ExpandedSweep, TrialRun
 
 Submitted = tuple[list[RunHandle], list[tuple[TrialRun, str]]]  # handles, (run, error) refused
 
@@ -32,7 +32,7 @@ class Backend:
     tails = True  # the loop writes stdout.txt / stderr.txt from the handle's logs
     redraw_s = 0.0  # the terminal's status line is redrawn at most this often
 
-    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
+    def __init__(self, plan: ExpandedSweep, log_root: Path) -> None:
         self.plan = plan
         self.settings: SweepSettings = plan.settings
         self.log_root = log_root

@@ -29,7 +29,7 @@ from canzona.records import (
 from canzona.sim.hardware import Hardware, load_hardware
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.dryrun import memory_table
-from canzona.sweep.expand import build_plan
+from canzona.sweep.expand import expand_sweep
 from canzona.sweep.jobshape import JobShape, slurm_shape
 from canzona.sweep.launch import backend_class, make_backend, run_stamp, submitit_parameters
 from canzona.sweep.lock import ResultsLock
@@ -38,7 +38,7 @@ from canzona.sweep.progress import summary_table, table
 from canzona.sweep.project import stale_trials
 from canzona.sweep.sbatch import write_sbatch_files
 from canzona.sweep.sweepfile import CONFIGS_DIR, available_sweeps, load_sweep_file
-from canzona.sweep.trials import SweepPlan, TrialRun
+from canzona.sweep.trials import ExpandedSweep, TrialRun
 
 
 def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_dir: Path = CONFIGS_DIR) -> int:
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
             if len(argv) > 1:
                 raise ConfigError(f"'list' takes no other arguments (got {' '.join(argv[1:])})")
             return list_sweeps(out, configs_dir)
-        plan = build_plan(argv, configs_dir)
+        plan = expand_sweep(argv, configs_dir)
         check_environment(plan)
         if not plan.settings.list:  # a results folder we cannot write: one line, before anything runs
             writable_folder(plan.settings.results, "results")
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
             lock.release()
 
 
-def check_environment(plan: SweepPlan) -> None:
+def check_environment(plan: ExpandedSweep) -> None:
     """What the plan needs from this machine: sbatch for Slurm, a readable hardware file."""
     s = plan.settings
     if s.cluster == "slurm" and not s.list and shutil.which("sbatch") is None:
@@ -95,7 +95,7 @@ def list_sweeps(out: TextIO, configs_dir: Path = CONFIGS_DIR) -> int:
         for prof in sf.profiles or [None]:
             items = [f"sweep={name}"] + ([f"profile={prof}"] if prof else [])
             try:
-                plan = build_plan(items + ["list=true"], configs_dir)
+                plan = expand_sweep(items + ["list=true"], configs_dir)
                 reps = f" x {plan.repeats} repeats" if plan.repeats > 1 else ""
                 values = {a: list(dict.fromkeys(t.axes[a] for t in plan.trials if a in t.axes)) for a in plan.axes}
                 info = f"{len(plan.trials)} trials{reps}, cluster={plan.settings.cluster}, axes:" + "".join(
@@ -110,7 +110,7 @@ def list_sweeps(out: TextIO, configs_dir: Path = CONFIGS_DIR) -> int:
 
 
 # --------------------------------------------------------------------------- run
-def run_sweep(plan: SweepPlan, out: TextIO) -> int:
+def run_sweep(plan: ExpandedSweep, out: TextIO) -> int:
     s = plan.settings
     rd = plan.results_dir
     runs = plan.runs()
@@ -183,7 +183,7 @@ def run_sweep(plan: SweepPlan, out: TextIO) -> int:
     return max(1 if failed else 0, report_code)
 
 
-def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_hw: Hardware | None, invocation: str) -> dict:
+def _manifest(plan: ExpandedSweep, runs: list[TrialRun], sim_hw: Hardware | None, invocation: str) -> dict:
     """sweep.json: what this sweep is, its settings and its trials with their run folders, this
     invocation and every earlier one on this results folder (a resumed sweep)."""
     earlier = bk.read_json(plan.results_dir / SWEEP_FILE) or {}
@@ -212,7 +212,7 @@ def _manifest(plan: SweepPlan, runs: list[TrialRun], sim_hw: Hardware | None, in
 
 # --------------------------------------------------------------------------- list=true
 def list_runs(
-    plan: SweepPlan, runs: list[TrialRun], states: dict[str, str], to_run: list[TrialRun], head: str, out: TextIO
+    plan: ExpandedSweep, runs: list[TrialRun], states: dict[str, str], to_run: list[TrialRun], head: str, out: TextIO
 ) -> int:
     s = plan.settings
     print(f"[list] {head}", file=out)

@@ -28,7 +28,7 @@ from canzona.records import DRYRUN_CSV, DRYRUN_JSON, SUMMARY_FILE, atomic_write_
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.backend import Backend, Submitted
 from canzona.sweep.handles import FutureHandle, RunHandle, wait_any
-from canzona.sweep.trials import SweepPlan, TrialRun
+from canzona.sweep.trials import ExpandedSweep, TrialRun
 
 GIB = 2**30
 
@@ -70,7 +70,7 @@ class DryRunBackend(Backend):
     tails = False  # the ranks' output is in dryrun.txt
     redraw_s = 2.0
 
-    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
+    def __init__(self, plan: ExpandedSweep, log_root: Path) -> None:
         super().__init__(plan, log_root)
         self.cores = rank_slots()
         self.slots = threading.BoundedSemaphore(self.cores)  # one per core, shared by every trial's ranks
@@ -101,7 +101,7 @@ class DryRunBackend(Backend):
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def memory_table(plan: SweepPlan, runs: list[TrialRun]) -> str:
+def memory_table(plan: ExpandedSweep, runs: list[TrialRun]) -> str:
     """Per trial: world, the largest dry-run peak per rank, fits 80 GB / 141 GB; also written
     to ``dryrun.csv`` in the results folder. Returns the table's text."""
     rd = plan.results_dir

@@ -1,4 +1,4 @@
-"""Expansion: a sweep file and a command line -> a validated `SweepPlan`. Pure: reads YAML,
+"""Expansion: a sweep file and a command line -> a validated `ExpandedSweep`. Pure: reads YAML,
 writes nothing.
 
 The grammar of sweep files is in `canzona.sweep.sweepfile`, the command line in
@@ -42,10 +42,10 @@ from canzona.sweep.sweepfile import (
     load_sweep_file,
     merge_sections,
 )
-from canzona.sweep.trials import SweepPlan, SweepTrial
+from canzona.sweep.trials import ExpandedSweep, SweepTrial
 
 
-def build_plan(items: Sequence[str], configs_dir: Path = CONFIGS_DIR) -> SweepPlan:
+def expand_sweep(items: Sequence[str], configs_dir: Path = CONFIGS_DIR) -> ExpandedSweep:
     """Parse ``key=value`` items, load the sweep, expand and validate every trial."""
     args = split_args(items)
     first = build_settings(args.first())
@@ -70,7 +70,7 @@ def build_plan(items: Sequence[str], configs_dir: Path = CONFIGS_DIR) -> SweepPl
     where = f"sweep {sf.name}" + (f" (profile {profile})" if profile else "")
     trials = expand(sec, axes, sel, where)
     check_layouts(trials, settings)
-    return SweepPlan(sf.name, sf.path, profile, sf.description, settings, list(axes), trials)
+    return ExpandedSweep(sf.name, sf.path, profile, sf.description, settings, list(axes), trials)
 
 
 def expand(sec: Section, axes: dict[str, Axis], sel: Selection, where: str) -> list[SweepTrial]:

@@ -48,7 +48,7 @@ from canzona.sweep.project import SimulateBackend
 from canzona.sweep.sbatch import checkout_pythonpath_line
 from canzona.sweep.settings import SweepSettings, time_minutes
 from canzona.sweep.slurm_state import SlurmStates
-from canzona.sweep.trials import SweepPlan, TrialRun
+from canzona.sweep.trials import ExpandedSweep, TrialRun
 from canzona.sweep.worker import Worker
 
 
@@ -107,7 +107,7 @@ def task_config(run: TrialRun, run_dir: Path) -> dict[str, Any]:
 class LocalBackend(Backend):
     cluster = "local"
 
-    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
+    def __init__(self, plan: ExpandedSweep, log_root: Path) -> None:
         super().__init__(plan, log_root)
         self.capacity = plan.settings.local.parallel
 
@@ -196,7 +196,7 @@ class WorkerBackend(LocalBackend):
     """``local.mode=worker``: up to ``local.parallel`` long-lived `Worker` processes, each
     running one run at a time (see `canzona.sweep.worker` for why)."""
 
-    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
+    def __init__(self, plan: ExpandedSweep, log_root: Path) -> None:
         super().__init__(plan, log_root)
         self._idle: list[Worker] = []
         self._all: list[Worker] = []
@@ -291,7 +291,7 @@ def submitit_parameters(settings: SweepSettings, shape: JobShape, name: str) -> 
 class SlurmBackend(Backend):
     cluster = "slurm"
 
-    def __init__(self, plan: SweepPlan, log_root: Path) -> None:
+    def __init__(self, plan: ExpandedSweep, log_root: Path) -> None:
         super().__init__(plan, log_root)
         # Slurm's view of our jobs, for those that end without a result (scancel, time limit)
         self.states = SlurmStates(interval_s=max(5.0, plan.settings.poll_s))
@@ -362,7 +362,7 @@ def backend_class(settings: SweepSettings) -> type[Backend]:
             "dryrun": DryRunBackend}[settings.cluster]
 
 
-def make_backend(plan: SweepPlan, log_root: Path, sim_hardware: Hardware | None = None) -> Backend:
+def make_backend(plan: ExpandedSweep, log_root: Path, sim_hardware: Hardware | None = None) -> Backend:
     """The plan's backend; `sim_hardware`: the hardware a ``cluster=simulate`` sweep projects with."""
     cls = backend_class(plan.settings)
     if cls is SimulateBackend:

@@ -20,12 +20,12 @@ from canzona.sweep import bookkeeping as bk
 from canzona.sweep.backend import Backend
 from canzona.sweep.handles import RunHandle
 from canzona.sweep.progress import Progress, fmt_duration
-from canzona.sweep.trials import SweepPlan, TrialRun
+from canzona.sweep.trials import ExpandedSweep, TrialRun
 
 INTERRUPTED = "interrupted (sweep stopped by the user)"
 
 
-def run_loop(plan: SweepPlan, backend: Backend, to_run: list[TrialRun], skipped: int, out: TextIO) -> int:
+def run_loop(plan: ExpandedSweep, backend: Backend, to_run: list[TrialRun], skipped: int, out: TextIO) -> int:
     """Run `to_run` on `backend` into the sweep folder; 0 (failures are recorded per run), or
     130 if interrupted."""
     rd = plan.results_dir.resolve()

@@ -26,7 +26,7 @@ from canzona.sim.hardware import Hardware
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.backend import Backend, Submitted
 from canzona.sweep.handles import FutureHandle, InlineFuture, RunHandle, wait_any
-from canzona.sweep.trials import SweepPlan, TrialRun
+from canzona.sweep.trials import ExpandedSweep, TrialRun
 
 _HARDWARE: Hardware | None = None  # the worker's hardware (set once per process)
 
@@ -56,7 +56,7 @@ def _project_one(config: dict[str, Any], out: str) -> str | None:
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:2000]
 
 
-def stale_trials(plan: SweepPlan, hardware: Hardware, states: dict[str, str]) -> list[str]:
+def stale_trials(plan: ExpandedSweep, hardware: Hardware, states: dict[str, str]) -> list[str]:
     """Runs recorded done whose projection came from another content of the hardware file
     (summaries of any age: `canzona.records.read_summary`)."""
     out = []
@@ -72,7 +72,7 @@ def stale_trials(plan: SweepPlan, hardware: Hardware, states: dict[str, str]) ->
     return out
 
 
-def _workers(plan: SweepPlan, n: int) -> int:
+def _workers(plan: ExpandedSweep, n: int) -> int:
     w = plan.settings.sim.workers or (os.cpu_count() or 1)
     return max(1, min(w, n))
 
@@ -91,7 +91,7 @@ class SimulateBackend(Backend):
     tails = False  # no launcher logs: a failed projection leaves its traceback in stderr.txt itself
     redraw_s = 2.0  # a projection is 100+ trials in seconds
 
-    def __init__(self, plan: SweepPlan, log_root: Path, hardware: Hardware) -> None:
+    def __init__(self, plan: ExpandedSweep, log_root: Path, hardware: Hardware) -> None:
         super().__init__(plan, log_root)
         self.hardware = hardware
         self._pool: ProcessPoolExecutor | None = None

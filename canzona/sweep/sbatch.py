@@ -15,7 +15,7 @@ from canzona import CHECKOUT
 from canzona.records import atomic_write_text
 from canzona.sweep.jobshape import slurm_shape
 from canzona.sweep.keys import config_overrides
-from canzona.sweep.trials import SweepPlan, TrialRun
+from canzona.sweep.trials import ExpandedSweep, TrialRun
 
 TEMPLATE_DIR = CHECKOUT / "slurm" / "templates"
 
@@ -26,7 +26,7 @@ def checkout_pythonpath_line() -> str:
     return f'export PYTHONPATH={shlex.quote(str(CHECKOUT))}"${{PYTHONPATH:+:$PYTHONPATH}}"'
 
 
-def render_sbatch(plan: SweepPlan, run: TrialRun, run_dir: Path, sbatch_dir: Path) -> str:
+def render_sbatch(plan: ExpandedSweep, run: TrialRun, run_dir: Path, sbatch_dir: Path) -> str:
     s = plan.settings.slurm
     shape = slurm_shape(run.cfg, s)
     env = jinja2.Environment(
@@ -58,7 +58,7 @@ def render_sbatch(plan: SweepPlan, run: TrialRun, run_dir: Path, sbatch_dir: Pat
     )
 
 
-def write_sbatch_files(plan: SweepPlan, runs: list[TrialRun]) -> Path:
+def write_sbatch_files(plan: ExpandedSweep, runs: list[TrialRun]) -> Path:
     """results/<sweep>/sbatch/<run id>.sh for each run + submit_all.sh; old *.sh removed."""
     rd = plan.results_dir.resolve()
     sbatch_dir = rd / "sbatch"

@@ -1,7 +1,7 @@
-"""What an expanded sweep is: a `SweepPlan` of `SweepTrial`s, each run ``repeats`` times.
+"""What an expanded sweep is: a `ExpandedSweep` of `SweepTrial`s, each run ``repeats`` times.
 
 The launcher, the bookkeeping and the progress line work on `TrialRun`s (one folder each);
-`SweepPlan.runs` orders them so that repeated measurements can be compared fairly: see there.
+`ExpandedSweep.runs` orders them so that repeated measurements can be compared fairly: see there.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class TrialRun:
 
 
 @dataclass
-class SweepPlan:
+class ExpandedSweep:
     sweep: str
     path: Path
     profile: str | None  # the sweep profile (a variant of the sweep file)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from canzona.sweep.expand import build_plan
+from canzona.sweep.expand import expand_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.paper]
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(3 * 3600)
 def test_every_paper_trial_passes_the_dry_run(tmp_path: Path) -> None:
-    trials = build_plan(["sweep=qwen3_scaling", "profile=paper"]).trials
+    trials = expand_sweep(["sweep=qwen3_scaling", "profile=paper"]).trials
     r = subprocess.run(
         [sys.executable, str(REPO / "sweeps" / "run.py"), "sweep=qwen3_scaling", "profile=paper", "cluster=dryrun",
          f"results={tmp_path}"],

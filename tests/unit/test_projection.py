@@ -454,12 +454,12 @@ def test_the_sweep_runner_passes_the_hardware_to_the_report(tmp_path: Path, monk
     monkeypatch.setattr("analysis.report.build_report", fake)
     assert cli.build_report(tmp_path, io.StringIO(), hardware="/x/local.yaml") == 0
     assert got["hardware"] == "/x/local.yaml"
-    from canzona.sweep.expand import build_plan
+    from canzona.sweep.expand import expand_sweep
 
-    plan = build_plan(["sweep=qwen3_scaling", "sim.hardware=h200", "list=true"])
+    plan = expand_sweep(["sweep=qwen3_scaling", "sim.hardware=h200", "list=true"])
     assert plan.sim_hardware == "h200" and plan.results_dir.name == "qwen3_scaling"
     local = REPO / "hardware" / "local.yaml"
-    plan = build_plan(["sweep=qwen3_scaling", "list=true"])
+    plan = expand_sweep(["sweep=qwen3_scaling", "list=true"])
     assert plan.sim_hardware == (str(local) if local.is_file() else None)
 
 

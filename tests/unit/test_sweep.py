@@ -16,7 +16,7 @@ from canzona.config import load_config
 from canzona.errors import ConfigError
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.cli import build_report, main
-from canzona.sweep.expand import build_plan
+from canzona.sweep.expand import expand_sweep
 from canzona.sweep.handles import headline
 from canzona.sweep.ids import run_id, trial_id
 from canzona.sweep.keys import config_overrides, split_top_commas
@@ -30,13 +30,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def plan(*items: str, configs_dir: Path | None = None):
-    return build_plan(list(items), configs_dir) if configs_dir else build_plan(list(items))
+    return expand_sweep(list(items), configs_dir) if configs_dir else expand_sweep(list(items))
 
 
 @functools.cache
 def shipped(*items: str):
     """A plan of the shipped sweeps, built once per argument list (do not mutate it)."""
-    return build_plan(list(items))
+    return expand_sweep(list(items))
 
 
 def write_sweep(tmp_path: Path, text: str, name: str = "mini") -> Path:
@@ -219,7 +219,7 @@ def test_ids_are_stable_readable_and_content_addressed(tmp_path):
 )
 def test_bad_arguments_give_one_line_errors(items, fragment):
     with pytest.raises(ConfigError) as e:
-        build_plan(items)
+        expand_sweep(items)
     msg = str(e.value)
     assert fragment in msg and "\n" not in msg
 
@@ -300,7 +300,7 @@ def test_bad_sweep_files(tmp_path):
 
 def test_sweep_given_as_a_path(tmp_path):
     d = write_sweep(tmp_path, MINI)
-    p = build_plan([f"sweep={d / 'mini.yaml'}", f"results={tmp_path / 'r'}"])
+    p = expand_sweep([f"sweep={d / 'mini.yaml'}", f"results={tmp_path / 'r'}"])
     assert p.sweep == "mini" and p.results_dir == tmp_path / "r" / "mini"
 
 
@@ -709,10 +709,10 @@ def test_repeats_interleave_the_methods_of_a_point(tmp_path):
 
 def test_repeats_setting_is_checked_and_ignored_by_projections(tmp_path):
     with pytest.raises(ConfigError, match="repeats=0 is not allowed"):
-        build_plan(["sweep=smoke", "repeats=0"])
+        expand_sweep(["sweep=smoke", "repeats=0"])
     with pytest.raises(ConfigError, match="repeats"):
-        build_plan(["sweep=smoke", "repeats=two"])
-    p = build_plan(["sweep=smoke", "repeats=4", "cluster=simulate"])
+        expand_sweep(["sweep=smoke", "repeats=two"])
+    p = expand_sweep(["sweep=smoke", "repeats=4", "cluster=simulate"])
     assert p.repeats == 1 and len(p.runs()) == len(p.trials)
 
 
