@@ -15,7 +15,7 @@ Tables (all plain pandas, nothing upstream is imported except the pure model inv
 parameter count and the trial schema's key renames):
 
 - ``trials``: one row per trial -- ``trial_id``, ``config_id``, ``repeat``, ``status``, ``error``, ``missing`` (record files
-  absent), every config value flattened (``parallel.dp``, ``canzona.alpha``, ...), provenance
+  absent), every config value flattened (``parallel.dp``, ``planner.alpha``, ...), provenance
   (``host``, ``device``, ``backend``, ``git``, ``torch``, ...), planned loads and imbalance.
 - ``steps``: one row per trial x rank x step, the `STEP_FIELDS` of steps.jsonl (warm-up
   included, ``measured`` says which) plus ``trial_id``.

@@ -41,7 +41,7 @@ CALIBRATE_CMD = "python -m canzona.calibrate out=hardware/local.yaml"
 METRICS = ("iteration_ms", "optimizer_step_ms")
 # trial settings that shape a projection, listed with its inputs
 SHAPING_KEYS = ("dist.dp_collective", "optimizer.ns_dtype", "train.micro_batch", "train.seq_len",
-                "bucket.size", "canzona.pipeline_depth", "canzona.cost", "dist.overlap_grad_reduce",
+                "bucket.size", "planner.pipeline_depth", "planner.cost", "dist.overlap_grad_reduce",
                 "dist.overlap_param_gather", "train.dtype", "optimizer.clip_grad", "train.grad_accum",
                 "train.recompute", "parallel.sequence_parallel", "model.vocab", "model.tied_embeddings")
 SYNC_NOTE = (

@@ -11,7 +11,7 @@ Definitions used everywhere (and stated in the report):
 - A **group** is every trial of one method (and method variant) at one point -- all
   repetitions of its config(s); its median / p10 / p90 pool the step values of its trials.
 - A **point** is (model, optimizer, dp, tp) plus any other config value that varies in the
-  sweep and is not method-specific (``canzona.*``, ``dist.dp_collective``, ``dist.sync_variant``
+  sweep and is not method-specific (``planner.*``, ``dist.dp_collective``, ``dist.sync_variant``
   make a method's *variant* instead); the seed and output paths never split points.
 - **Speedup** of canzona over a baseline = baseline group median / canzona group median;
   **overhead** over adamw = canzona median / adamw median (adamw matched on model and layout,
@@ -54,7 +54,7 @@ NOT_POINT = {
     "model.name", "model.width_div", "model.num_layers", "model.vocab", "model.tied_embeddings", "dist.timeout_s",
 }
 METHOD_SPECIFIC = {
-    "canzona": lambda c: c.startswith("canzona.") or c == "dist.dp_collective",
+    "canzona": lambda c: c.startswith("planner.") or c == "dist.dp_collective",
     "sync": lambda c: c == "dist.sync_variant",
 }
 N_BOOT = 2000

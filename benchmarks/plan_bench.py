@@ -37,7 +37,7 @@ from canzona.program.count import compute_metrics
 DPS = (8, 16, 32, 64, 128, 256)
 TPS = (1, 2, 4, 8)
 METHODS = ("canzona", "layerwise", "sync", "adamw")
-ABLATIONS = ("global", "single")  # canzona.grouping, TP > 1 only
+ABLATIONS = ("global", "single")  # planner.grouping, TP > 1 only
 TARGET_MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
 TARGET_TPS = (2, 4, 8)
 TARGET_DPS = (8, 16, 32, 64)
@@ -66,9 +66,9 @@ def target(row: dict) -> float:
 
 
 def bench_row(model: str, dp: int, tp: int, method: str, grouping: str, overrides: list[str]) -> tuple[dict, Plan]:
-    extra = [f"canzona.grouping={grouping}"] if grouping else []
+    extra = [f"planner.grouping={grouping}"] if grouping else []
     plan = make_plan(load_config([f"model={model}", f"parallel.dp={dp}", f"parallel.tp={tp}", f"method={method}",
-                                  "canzona.cost=flops", *extra, *overrides]))
+                                  "planner.cost=flops", *extra, *overrides]))
     m = compute_metrics(plan)
     path = critical_path(plan, m.compute)
     return {"model": model, "dp": dp, "tp": tp, "method": method, "grouping": grouping,

@@ -1,6 +1,6 @@
 """Trial configuration: one structured schema for the planner CLI, the trial runner and sweeps.
 
-Overrides are Hydra-style ``key=value`` strings (``parallel.dp=8 canzona.alpha=0.5``) merged
+Overrides are Hydra-style ``key=value`` strings (``parallel.dp=8 planner.alpha=0.5``) merged
 into a structured omegaconf config, so typos and wrong types become one-line `ConfigError`s
 that name the bad key or value and what is allowed.
 """
@@ -8,7 +8,7 @@ that name the bad key or value and what is allowed.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -92,14 +92,14 @@ class ParallelSection:
 
 
 @dataclass
-class CanzonaSection:
+class PlannerSection:
     """Settings of the balancing strategies (method.dp=balanced, method.tp=async_balanced) and of
     the cost model every planner uses."""
 
     alpha: float = setting(1.0, "DP balance: weight of the cost-balanced target against the numel-balanced "
                                 "one, in [0, 1]")
     cost: str = setting("auto", "the cost model: auto (measured on this machine's device, else the roofline of "
-                                "canzona.cost_hardware), measured, roofline, flops, numel", choices=COSTS)
+                                "planner.cost_hardware), measured, roofline, flops, numel", choices=COSTS)
     grouping: str = setting("rounds", "TP micro-group mode (rounds: balanced rounds, at most "
                                             "ceil(1/capacity) of them)", choices=GROUPINGS)
     capacity: float = setting(0.125, "micro-group capacity: the most a group puts on one TP rank, as a fraction "
@@ -111,7 +111,7 @@ class CanzonaSection:
                                                "file (python -m canzona.calibrate out=PATH) instead of the "
                                                "calibration cache")
     cost_hardware: str = setting("h100", "hardware file (a name under hardware/ or a YAML path) of CUDA plans "
-                                         "made where no GPU is visible, and of canzona.cost=roofline")
+                                         "made where no GPU is visible, and of planner.cost=roofline")
     cost_cache: str | None = setting(None, "calibration cache folder (default $CANZONA_CACHE_DIR, else "
                                            "$XDG_CACHE_HOME/canzona, else ~/.cache/canzona)")
     elementwise_flops: float = setting(512.0, "flops cost model: matmul-flop equivalents per element of an "
@@ -172,7 +172,7 @@ class TrialConfig:
     parallel: ParallelSection = field(default_factory=ParallelSection)
     method: MethodSection = field(default_factory=MethodSection)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
-    canzona: CanzonaSection = field(default_factory=CanzonaSection)
+    planner: PlannerSection = field(default_factory=PlannerSection)
     bucket: BucketSection = field(default_factory=BucketSection)
     dist: DistSection = field(default_factory=DistSection)
     train: TrainSection = field(default_factory=TrainSection)
@@ -221,10 +221,14 @@ SHORTHANDS = {"model": "model.name", "optimizer": "optimizer.name", "method": "m
 # rename (config.yaml, summary.json's config) is read under the new name (`read_config`), and a
 # trial id hashes the value under its old name (`id_dict`), so a rename changes no trial's id.
 RENAMED = {
-    "canzona.cost_profile": Renamed("canzona.cost_hardware", "the hardware file of the roofline: a name under "
+    "canzona.cost_profile": Renamed("planner.cost_hardware", "the hardware file of the roofline: a name under "
                                                              "hardware/ or a YAML path"),
-    "canzona.measured_profile": Renamed("canzona.measured_table", "the calibrated hardware file whose measured "
+    "canzona.measured_profile": Renamed("planner.measured_table", "the calibrated hardware file whose measured "
                                                                   "updates table the measured cost model reads"),
+    # The planner's settings were under canzona.*, which read as if only the Canzona method used
+    # them (every method plans with the cost model) and clashed with the package's module paths.
+    **{f"canzona.{f.name}": Renamed(f"planner.{f.name}", "the planner's settings are under planner.*")
+       for f in fields(PlannerSection)},
 }
 
 
@@ -250,7 +254,10 @@ ID_NEUTRAL: dict[str, Any] = {
 def id_dict(config: dict[str, Any]) -> dict[str, Any]:
     """The config as trial ids hash it: renamed keys under their names of before the rename, and
     keys added since at their neutral value (`ID_NEUTRAL`) left out."""
-    out = move_keys(config, {r.new: old for old, r in RENAMED.items()})
+    oldest: dict[str, str] = {}  # a key renamed twice is hashed under its first name (RENAMED's order)
+    for old, r in RENAMED.items():
+        oldest.setdefault(r.new, old)
+    out = move_keys(config, oldest)
     for dotted, neutral in ID_NEUTRAL.items():
         *parents, leaf = dotted.split(".")
         node = out
@@ -273,14 +280,14 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     m = cfg.method
     m.name, m.dp, m.tp = methods.resolve(m.name, m.dp, m.tp)
     check_choices(cfg, trial_key_docs())  # every key with a closed set of values
-    if not 0.0 <= cfg.canzona.alpha <= 1.0:
-        raise ConfigError(f"canzona.alpha={cfg.canzona.alpha} must be in [0, 1]")
-    if not 0.0 < cfg.canzona.capacity <= 1.0:
-        raise ConfigError(f"canzona.capacity={cfg.canzona.capacity} must be a fraction in (0, 1]")
-    if cfg.canzona.elementwise_flops <= 0:
-        raise ConfigError(f"canzona.elementwise_flops={cfg.canzona.elementwise_flops} must be positive")
-    if cfg.canzona.pipeline_depth < 0:
-        raise ConfigError(f"canzona.pipeline_depth={cfg.canzona.pipeline_depth} must be >= 0")
+    if not 0.0 <= cfg.planner.alpha <= 1.0:
+        raise ConfigError(f"planner.alpha={cfg.planner.alpha} must be in [0, 1]")
+    if not 0.0 < cfg.planner.capacity <= 1.0:
+        raise ConfigError(f"planner.capacity={cfg.planner.capacity} must be a fraction in (0, 1]")
+    if cfg.planner.elementwise_flops <= 0:
+        raise ConfigError(f"planner.elementwise_flops={cfg.planner.elementwise_flops} must be positive")
+    if cfg.planner.pipeline_depth < 0:
+        raise ConfigError(f"planner.pipeline_depth={cfg.planner.pipeline_depth} must be >= 0")
     if cfg.parallel.dp < 1:
         raise ConfigError(f"parallel.dp={cfg.parallel.dp} must be a positive integer")
     if cfg.bucket.size is not None and cfg.bucket.size < 1:

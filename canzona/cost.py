@@ -4,7 +4,7 @@ Interchangeable models (docs/design.md §2); every one has a ``name`` and a ``so
 numbers come from), which the plan carries:
 - ``measured``: seconds timed on the device the plan runs on. By default from this machine's
   calibration cache (`canzona.calibrate.cache`: taken the first time a plan needs it, extended
-  when a plan needs new shapes), with ``canzona.measured_table=PATH`` from the ``updates``
+  when a plan needs new shapes), with ``planner.measured_table=PATH`` from the ``updates``
   table of a hardware file written by ``python -m canzona.calibrate`` instead (a shape missing there
   is the sum of its kernels when those are measured, else extrapolated from the nearest
   measured shape by the flops ratio, and counted in ``missing``).
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 COSTS = ("auto", "measured", "roofline", "flops", "numel")
 # Elementwise AdamW's flops are memory-bound: it reads and writes param, grad and two moments
 # (~32 bytes per fp32 element). For *planning*, the flops model charges each elementwise update
-# the matmul flops that take the same time (``canzona.elementwise_flops``, default 512: 32 bytes
+# the matmul flops that take the same time (``planner.elementwise_flops``, default 512: 32 bytes
 # at a machine balance of 16 flops/byte; measured here: ~440 on one CPU core, GPUs are far
 # higher). Counting its ~12 flops would make a rank holding the embedding look idle; the
 # measured and roofline models need no such guess.
@@ -142,16 +142,16 @@ def load_measured(path: str | Path, optimizer: str, flops: FlopsCost) -> Measure
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as e:
-        raise ConfigError(f"canzona.measured_table={str(path)!r} cannot be read: {e.strerror}") from None
+        raise ConfigError(f"planner.measured_table={str(path)!r} cannot be read: {e.strerror}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"canzona.measured_table={str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"planner.measured_table={str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
     if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"canzona.measured_table={str(path)!r} is not a calibrated hardware file (a mapping "
+        raise ConfigError(f"planner.measured_table={str(path)!r} is not a calibrated hardware file (a mapping "
                           "with an updates table)")
     updates = (data or {}).get("updates", {})
     if flops.definition.matrix and not updates.get(optimizer):
         have = ", ".join(sorted(updates)) or "none"
-        raise ConfigError(f"canzona.measured_table={str(path)!r} has no measured {optimizer} updates; it has: {have}")
+        raise ConfigError(f"planner.measured_table={str(path)!r} has no measured {optimizer} updates; it has: {have}")
     adamw = float((data or {}).get("adamw_seconds_per_element", 0.0)) or 1e-9
     device = (data or {}).get("device") or {}
     where = ", ".join(str(device[k]) for k in ("host", "name", "torch", "date") if device.get(k))
@@ -201,42 +201,42 @@ def make_cost_model(
         if table is not None:
             return load_measured(table, optimizer, flops)
         if calibration is None:
-            raise ConfigError("canzona.cost=measured needs canzona.measured_table=PATH or this machine's calibration")
+            raise ConfigError("planner.cost=measured needs planner.measured_table=PATH or this machine's calibration")
         return from_calibration(calibration, optimizer, flops)
     if kind == "roofline":
         from canzona.roofline import RooflineCost
 
         return RooflineCost.on(hardware, optimizer, settings)
-    raise ConfigError(f"canzona.cost={kind!r} is not allowed; choose one of: {', '.join(COSTS)}")
+    raise ConfigError(f"planner.cost={kind!r} is not allowed; choose one of: {', '.join(COSTS)}")
 
 
 def select_cost_model(cfg: Any, device: str, *, hardware: Any = None, threads: int | None = None,
                       log: Any = None) -> CostModel:
     """The cost model a plan of ``cfg`` for a ``device`` (cpu | cuda) uses.
 
-    ``canzona.cost=auto``: ``measured`` when this machine has such a device (a CPU always; CUDA
+    ``planner.cost=auto``: ``measured`` when this machine has such a device (a CPU always; CUDA
     when a GPU is visible), timed into this machine's calibration cache as needed (or read from
-    ``canzona.measured_table`` when given); otherwise ``roofline`` on ``hardware`` (the
-    simulator's), else ``canzona.cost_hardware``. ``threads``:
+    ``planner.measured_table`` when given); otherwise ``roofline`` on ``hardware`` (the
+    simulator's), else ``planner.cost_hardware``. ``threads``:
     the torch threads per rank the trial runs with (default: ``dist.threads_per_rank``, else the
     cores shared by the ranks of one local trial). ``log`` hears the cache's path.
     """
-    kind = cfg.canzona.cost
+    kind = cfg.planner.cost
     from canzona.plan.registry import elementwise_only
 
     optimizer = "adamw" if elementwise_only(cfg.method.dp) else cfg.optimizer.name
     if kind == "auto":
-        kind = "measured" if device_here(device) or cfg.canzona.measured_table else "roofline"
-    measured_here = kind == "measured" and not cfg.canzona.measured_table
+        kind = "measured" if device_here(device) or cfg.planner.measured_table else "roofline"
+    measured_here = kind == "measured" and not cfg.planner.measured_table
     if measured_here and not device_here(device):
-        raise ConfigError(f"canzona.cost=measured: this machine has no {device} device to time (dist.device="
-                          f"{cfg.dist.device}); use canzona.cost=roofline or canzona.measured_table=PATH")
+        raise ConfigError(f"planner.cost=measured: this machine has no {device} device to time (dist.device="
+                          f"{cfg.dist.device}); use planner.cost=roofline or planner.measured_table=PATH")
     calibration = None
     if measured_here:
         calibration = _calibration(cfg, device, optimizer, threads, log)
-    return make_cost_model(kind, optimizer, table=cfg.canzona.measured_table if kind == "measured" else None,
-                           elementwise_flops=cfg.canzona.elementwise_flops, settings=cfg.optimizer,
-                           calibration=calibration, hardware=hardware or cfg.canzona.cost_hardware)
+    return make_cost_model(kind, optimizer, table=cfg.planner.measured_table if kind == "measured" else None,
+                           elementwise_flops=cfg.planner.elementwise_flops, settings=cfg.optimizer,
+                           calibration=calibration, hardware=hardware or cfg.planner.cost_hardware)
 
 
 def _calibration(cfg: Any, device: str, optimizer: str, threads: int | None, log: Any) -> Calibration:
@@ -252,5 +252,5 @@ def _calibration(cfg: Any, device: str, optimizer: str, threads: int | None, log
                                  matrix_embeddings=cfg.model.matrix_embeddings)
         shapes = [s for p in params if p.kind == "matrix" for s in _matrix_shapes(p)]
         needs.append(Need(optimizer, cfg.optimizer, tuple(d.calibration_shapes(shapes, cfg.optimizer))))
-    calibration, _ = ensure(device, threads, needs, cfg.canzona.cost_cache, log)
+    calibration, _ = ensure(device, threads, needs, cfg.planner.cost_cache, log)
     return calibration

@@ -152,6 +152,10 @@ def move_keys(d: Mapping[str, Any], moves: Mapping[str, str]) -> dict[str, Any]:
         target = _parent(out, dst, create=True)
         if target is not None:
             target.setdefault(dst.rsplit(".", 1)[-1], source.pop(leaf))
+            if not source and "." in src:  # a section emptied by the moves is no section of the schema
+                holder = _parent(out, src.rsplit(".", 1)[0])
+                if holder is not None:
+                    holder.pop(src.rsplit(".", 2)[-2], None)
     return out
 
 

@@ -1,7 +1,7 @@
 """The roofline cost model: seconds of each update on hardware this machine need not have.
 
 Used where nothing can be timed -- a GPU cluster planned from a laptop (``dist.device=cuda``
-without a GPU, the simulator's projections) -- or when asked for (``canzona.cost=roofline``).
+without a GPU, the simulator's projections) -- or when asked for (``planner.cost=roofline``).
 Per kernel (`canzona.optim.spec.OptimizerDef.kernels`: the matrix, or each block of a blocked
 preconditioner) an update costs `Hardware.update_seconds` with its refresh amortised,
 

@@ -31,13 +31,13 @@ CPU, about a minute on a GPU), ``budget_s=`` (optimizer timing budget, default 3
 ``model=`` (default: not quick), ``precondition_frequency=10``, ``device=auto|cpu|cuda``,
 ``spec=auto|none|h100|h200|a100``. Unknown keys are refused.
 Everything is written to one YAML file in the format of `canzona.sim.hardware`;
-`canzona.cost.load_measured` reads its ``updates`` table for ``canzona.cost=measured``.
+`canzona.cost.load_measured` reads its ``updates`` table for ``planner.cost=measured``.
 
 Modules: `settings` (the command line), `shapes` (what to time), `clock` (timing a call on the
 device), `compute` (maths), `comm` (collectives), `model_pass` (forward / backward), `workers`
 (the processes), `fit` (the fits), `build` (the run and the hardware file). Apart from that CLI,
 `cache` and `kernels` keep the planner's own calibration: the shapes a plan needs, timed on
-demand into a per-machine cache outside the repository (``canzona.cost=auto``, the default).
+demand into a per-machine cache outside the repository (``planner.cost=auto``, the default).
 """
 
 from canzona.calibrate.build import calibrate, write_hardware

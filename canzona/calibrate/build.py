@@ -177,6 +177,6 @@ def write_hardware(hardware: dict[str, Any], out: str | Path) -> Path:
     out = Path(out)
     header = (f"# Calibrated hardware file, written by `python -m canzona.calibrate` on {hardware['device']['host']} "
               f"at {hardware['device']['date']}.\n# Format: canzona/sim/hardware.py. `updates` is the table "
-              "canzona.cost=measured reads (seconds per update of one matrix).\n")
+              "planner.cost=measured reads (seconds per update of one matrix).\n")
     atomic_write_text(out, header + yaml.safe_dump(hardware, sort_keys=False, width=110))
     return out

@@ -1,7 +1,7 @@
 """This machine's calibration cache: measured optimizer costs per (host, device, torch version),
 taken the first time a plan needs them, kept outside the repository and reused after.
 
-Where: the directory ``canzona.cost_cache`` names, else ``$CANZONA_CACHE_DIR``, else
+Where: the directory ``planner.cost_cache`` names, else ``$CANZONA_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/canzona``, else ``~/.cache/canzona``. One YAML file per identity -- host,
 device (on a CPU: its model and the torch threads per rank, which change every relative
 cost), torch version -- named after it. It holds the matmul rates, elementwise AdamW per
@@ -162,7 +162,7 @@ def ensure(kind: str, threads: int, needs: Iterable[Need], directory: str | None
                           "process is timing into it (a lock dies with its process)") from None
     except OSError as e:
         raise ConfigError(f"the calibration cache cannot be written at {path.parent} ({e.strerror or e}); set "
-                          f"{ENV} or canzona.cost_cache to a writable folder") from None
+                          f"{ENV} or planner.cost_cache to a writable folder") from None
     _announce(say, status, path, data, len(missing))
     return _calibration(path, data), [f"{key} {s[0]}x{s[1]}" for key, _, _, s in missing]
 

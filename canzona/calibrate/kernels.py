@@ -112,7 +112,7 @@ def time_kernel_updates(clock: Clock, jobs: list[Job], rates: dict[str, float],
     """``{settings key: {"MxN": entry}}`` with entry ``{step_s, refresh_s?, probe?,
     refresh_probe?}``: seconds of one update on a step without a refresh, the extra seconds of
     a refresh step (optimizers with refreshes), and the shapes actually timed when they were
-    scaled down. The calibration cache's table (what ``canzona.cost=measured`` plans with);
+    scaled down. The calibration cache's table (what ``planner.cost=measured`` plans with);
     a hardware file's tables are timed by `canzona.calibrate.compute.time_update_tables`."""
     steady: list[tuple[Job, Shape, Callable[[], Any]]] = []
     refresh: list[tuple[Job, Shape, Callable[[], Any], Callable[[], Any]]] = []

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def plan_settings(cfg: TrialConfig) -> PlanSettings:
-    c = cfg.canzona
+    c = cfg.planner
     return PlanSettings(c.alpha, c.dp_variant, c.grouping, c.capacity, cfg.dist.sync_variant)
 
 

@@ -42,7 +42,7 @@ class Execution:
 
         dtype, why = resolve_dtype(cfg.train.dtype, device)
         return cls(dp_collective=cfg.dist.dp_collective, overlap_grad_reduce=cfg.dist.overlap_grad_reduce,
-                   pipeline_depth=cfg.canzona.pipeline_depth, dtype=dtype, dtype_reason=why,
+                   pipeline_depth=cfg.planner.pipeline_depth, dtype=dtype, dtype_reason=why,
                    overlap_param_gather=cfg.dist.overlap_param_gather, clip_grad=cfg.optimizer.clip_grad,
                    device=device, grad_accum=cfg.train.grad_accum, clip_norm_dtype=cfg.optimizer.clip_norm_dtype)
 
@@ -68,7 +68,7 @@ class _Sized:
 
 @dataclass(frozen=True)
 class PlanSettings:
-    """The strategies' own knobs (from ``canzona.*`` and ``dist.sync_variant``), nothing else."""
+    """The strategies' own knobs (from ``planner.*`` and ``dist.sync_variant``), nothing else."""
 
     alpha: float = 1.0  # balanced: 1 balances the optimizer's cost, 0 the shards' elements
     dp_variant: str = "minmax"  # balanced: exact per-bucket min-max split, or the paper's snap
@@ -161,7 +161,7 @@ class Plan(_Sized):
     micro_groups: tuple[tuple[MicroGroup, ...], ...]
     plan_seconds: float = 0.0
     execution: Execution = Execution()
-    # Where the costs came from (`canzona.cost`): "measured: <calibration cache> (host, device,
+    # Where the costs came from (`planner.cost`): "measured: <calibration cache> (host, device,
     # torch, date)", "roofline: hardware/h100.yaml", ...
     cost_source: str = ""
     dp_strategy: str = ""  # `canzona.plan.registry.DP_STRATEGIES` name

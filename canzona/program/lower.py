@@ -2,7 +2,7 @@
 
 This is the only place that reads the plan's modes (``grad_reduce``, ``param_sync``,
 ``tp_mode``, shard ranges, owners, micro-groups) and its execution settings (`Execution`:
-``dist.dp_collective``, ``dist.overlap_grad_reduce``, ``canzona.pipeline_depth``). Everything
+``dist.dp_collective``, ``dist.overlap_grad_reduce``, ``planner.pipeline_depth``). Everything
 downstream walks the resulting actions; see `canzona.program.actions` for what each means.
 
 An iteration, in program order:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from canzona.config import RENAMED as TRIAL_RENAMED
 from canzona.config import SHORTHANDS
 from canzona.errors import ConfigError
 from canzona.overrides import split_argv, typed_value
@@ -76,7 +77,7 @@ def select(args: SweepArgs, axes: dict[str, Axis], sweep_name: str) -> Selection
             values = [p if ax.bundle else parse_value(p) for p in parts]
             sel.restrict[key] = ax.labels_for(values, "command line")
             continue
-        if key.split(".")[0] not in TRIAL_SECTIONS:
+        if key.split(".")[0] not in TRIAL_SECTIONS and key not in TRIAL_RENAMED:
             raise ConfigError(
                 f"unknown key {key!r}; sweep keys: {', '.join(settings_names())}; "
                 f"axes of {sweep_name}: {', '.join(axes) or '(none)'}; trial keys: {', '.join(trial_key_names())}"

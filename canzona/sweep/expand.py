@@ -155,7 +155,7 @@ def resolve(dotted: dict[str, Any], tag: str) -> TrialConfig:
         cfg = validate(obj)
     except ConfigError as e:
         raise ConfigError(f"{tag}: {_with_allowed_tp(str(e), obj)}") from None
-    if cfg.canzona.cost == "measured":  # canzona.measured_table must exist and fit: check it now
+    if cfg.planner.cost == "measured":  # planner.measured_table must exist and fit: check it now
         from canzona.plan.methods import make_plan
 
         try:

@@ -6,7 +6,7 @@ their own: under an external launch rank 0 selects the cost model (`canzona.cost
 loading this machine's calibration, or taking it), plans, and broadcasts the plan -- plain data,
 over the CPU (gloo) half of the default group. A local launch (`canzona.trial.launch.run_trial`)
 plans before the ranks start and hands them its plan. A failure on rank 0 (a bad
-``canzona.cost_hardware``) reaches every rank at once instead of leaving them waiting at the
+``planner.cost_hardware``) reaches every rank at once instead of leaving them waiting at the
 broadcast.
 """
 

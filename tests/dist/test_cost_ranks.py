@@ -36,7 +36,7 @@ def _ranks_plan(rank: int, world: int, dirs: list[str]) -> dict[str, Any]:
     shared = shared_plan(cfg, "cpu", rank, 1)
     alone = make_plan(cfg, "cpu")  # what this rank would plan from its own cache
     try:  # rank 0's failure reaches every rank (nobody waits at the broadcast for it)
-        shared_plan(load_config([*ARGS, "canzona.cost=roofline", "canzona.cost_hardware=h900"]), "cpu", rank, 1)
+        shared_plan(load_config([*ARGS, "planner.cost=roofline", "planner.cost_hardware=h900"]), "cpu", rank, 1)
         failure = None
     except Exception as e:  # noqa: BLE001
         failure = f"{type(e).__name__}: {e}"

@@ -85,12 +85,12 @@ def _combos(wide: bool = False, dp: int = 1, tp: int = 1) -> list[tuple[str, str
     combos = [(m, o, []) for m in METHODS for o in OPTIMIZERS if not (m == "adamw" and o != "adamw")]
     combos += [
         ("canzona", "muon", ["model.split_fused=true"]),
-        ("canzona", "muon", ["canzona.pipeline_depth=0"]),
+        ("canzona", "muon", ["planner.pipeline_depth=0"]),
         ("canzona", "muon", ["dist.dp_collective=padded"]),
         ("canzona", "muon", ["dist.dp_collective=reduce_loop"]),
         ("canzona", "muon", ["dist.dp_collective=coalesced"]),
         ("canzona", "muon", ["dist.dp_collective=all_to_all"]),
-        ("canzona", "shampoo", ["canzona.grouping=single", "canzona.alpha=0.5"]),
+        ("canzona", "shampoo", ["planner.grouping=single", "planner.alpha=0.5"]),
         ("sync", "muon", ["dist.sync_variant=zero1_gather"]),
         ("canzona", "muon", ["dist.overlap_grad_reduce=false"]),
         ("canzona", "muon", ["dist.overlap_param_gather=false"]),

@@ -186,7 +186,7 @@ def test_aggregations_from_raw_records(built):
     assert len(steps) == n_lines
     assert {"trial_id", "rank", "step", "measured", "iteration_ms", "method", "parallel.dp"} <= set(steps.columns)
     # every config value is a column of trials.csv
-    for col in ("parallel.dp", "parallel.tp", "canzona.alpha", "optimizer.name", "train.seed", "dist.dp_collective"):
+    for col in ("parallel.dp", "parallel.tp", "planner.alpha", "optimizer.name", "train.seed", "dist.dp_collective"):
         assert col in trials.columns
     # phases: rank-mean per step, median over steps
     ph = pd.read_csv(out / "phases.csv").set_index("trial_id")
@@ -275,8 +275,8 @@ def test_sweep_with_only_failed_trials_renders(tmp_path):
 def test_method_variants_split_speedups(tmp_path):
     gen = _gen()
     root = tmp_path / "alpha"
-    gen.write_trial(root / "c05", gen.trial_config("canzona", extra=["canzona.alpha=0.5"]))
-    gen.write_trial(root / "c10", gen.trial_config("canzona", extra=["canzona.alpha=1.0"], seed=2))
+    gen.write_trial(root / "c05", gen.trial_config("canzona", extra=["planner.alpha=0.5"]))
+    gen.write_trial(root / "c10", gen.trial_config("canzona", extra=["planner.alpha=1.0"], seed=2))
     gen.write_trial(root / "s1", gen.trial_config("sync"))
     gen.write_trial(root / "s2", gen.trial_config("sync", seed=2))
     sweep = load_sweep(root)

@@ -51,7 +51,7 @@ def _check_hardware(path: Path) -> None:
     hw = load_hardware(str(path))
     assert set(hw.links["intra"]) == set(COLLECTIVES)
     cfg = load_config(["model=qwen3-0.6b", "model.width_div=8", "model.num_layers=2", "parallel.dp=2",
-                       "canzona.cost=measured", f"canzona.measured_table={path}"])
+                       "planner.cost=measured", f"planner.measured_table={path}"])
     assert make_plan(cfg).cost_model == "measured"
     res = project(cfg, hw)
     assert res["optimizer_step_ms"] > 0 and res["iteration_ms"] > res["optimizer_step_ms"]

@@ -105,8 +105,8 @@ def test_an_override_that_contradicts_an_axis_value_is_refused(tmp_path: Path, c
 
 
 # --------------------------------------------------------------------------- renamed keys
-@pytest.mark.parametrize("old, new", [("canzona.cost_profile=a100", "canzona.cost_hardware="),
-                                      ("canzona.measured_profile=t.yaml", "canzona.measured_table=")])
+@pytest.mark.parametrize("old, new", [("canzona.cost_profile=a100", "planner.cost_hardware="),
+                                      ("canzona.measured_profile=t.yaml", "planner.measured_table=")])
 def test_a_renamed_trial_key_points_to_its_new_name(tmp_path: Path, capsys, old: str, new: str) -> None:
     from canzona.plan.__main__ import main as plan_main
     from canzona.sim.simulate import main as simulate_main

@@ -139,8 +139,8 @@ def test_corrupt_or_foreign_cache_is_set_aside_and_taken_anew(cache_dir: Path) -
 
 def test_an_unwritable_cache_folder_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
-    cfg = load_config([*TINY, f"canzona.cost_cache={tmp_path / 'file' / 'cache'}"])
-    with pytest.raises(ConfigError, match="cannot be written at .*canzona.cost_cache") as e:
+    cfg = load_config([*TINY, f"planner.cost_cache={tmp_path / 'file' / 'cache'}"])
+    with pytest.raises(ConfigError, match="cannot be written at .*planner.cost_cache") as e:
         make_plan(cfg)
     assert "\n" not in str(e.value)
 
@@ -148,14 +148,14 @@ def test_an_unwritable_cache_folder_is_one_line(tmp_path: Path) -> None:
 def test_explicit_hardware_and_tables_are_refused_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("updates: [unclosed\n")
-    cfg = load_config([*TINY, "canzona.cost=measured", f"canzona.measured_table={bad}"])
+    cfg = load_config([*TINY, "planner.cost=measured", f"planner.measured_table={bad}"])
     with pytest.raises(ConfigError, match="is not valid YAML") as e:
         make_plan(cfg)
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="not found"):
-        make_plan(load_config([*TINY, "canzona.cost=roofline", "canzona.cost_hardware=h900"]))
+        make_plan(load_config([*TINY, "planner.cost=roofline", "planner.cost_hardware=h900"]))
     with pytest.raises(ConfigError, match="auto, measured, roofline, flops, numel"):
-        load_config([*TINY, "canzona.cost=guess"])
+        load_config([*TINY, "planner.cost=guess"])
 
 
 def test_roofline_follows_the_hardware_rates() -> None:
@@ -227,13 +227,13 @@ def test_a_cuda_plan_on_a_cpu_machine_uses_the_roofline(cache_dir: Path) -> None
     assert plan.cost_model == "roofline" and plan.cost_source == "roofline: hardware/h100.yaml"
     assert plan.execution.device == "cuda" and not list(cache_dir.iterdir())  # nothing timed
     a100 = make_plan(load_config(["model=qwen3-8b", "parallel.dp=8", "parallel.tp=4", "dist.device=cuda",
-                                  "canzona.cost_hardware=a100"]))
+                                  "planner.cost_hardware=a100"]))
     assert a100.cost_source == "roofline: hardware/a100.yaml"
     record = plan_record(plan, compute_metrics(plan))
     assert record["cost_model"] == "roofline" and record["cost_source"] == plan.cost_source
     with pytest.raises(ConfigError, match="no cuda device to time"):
-        make_plan(load_config(["model=qwen3-8b", "parallel.dp=8", "dist.device=cuda", "canzona.cost=measured"]))
-    # the simulator's hardware, when it passes one, wins over canzona.cost_hardware
+        make_plan(load_config(["model=qwen3-8b", "parallel.dp=8", "dist.device=cuda", "planner.cost=measured"]))
+    # the simulator's hardware, when it passes one, wins over planner.cost_hardware
     cfg = load_config(["model=qwen3-8b", "parallel.dp=8", "dist.device=cuda"])
     assert select_cost_model(cfg, "cuda", hardware="h200").source == "roofline: hardware/h200.yaml"
 
@@ -251,5 +251,5 @@ def test_the_plan_cli_says_where_its_costs_came_from(cache_dir: Path) -> None:
     text = run()
     assert text.returncode == 0 and f"calibration reused: {path}" in text.stderr
     assert f"costs: {doc['cost_source']}" in text.stdout.splitlines()[1]
-    flops = run("canzona.cost=flops", "--json")
+    flops = run("planner.cost=flops", "--json")
     assert json.loads(flops.stdout)["cost_source"].startswith("flops: muon flop counts")

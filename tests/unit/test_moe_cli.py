@@ -10,7 +10,7 @@ import pytest
 from canzona.plan.__main__ import main
 
 SMALL = ["model=qwen3-30b-a3b", "model.width_div=16", "model.num_layers=2", "model.num_experts=8", "model.top_k=2",
-         "parallel.dp=4", "parallel.ep=2", "bucket.expert_size=30000", "canzona.cost=flops"]
+         "parallel.dp=4", "parallel.ep=2", "bucket.expert_size=30000", "planner.cost=flops"]
 
 
 def test_json_lists_every_expert_matrix_once_with_its_owner(capsys: pytest.CaptureFixture[str]) -> None:

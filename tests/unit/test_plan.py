@@ -28,10 +28,10 @@ METHODS = ["canzona", "sync", "layerwise", "adamw"]
 
 
 def plan_for(*overrides: str):
-    """A plan with a machine-independent cost model (``canzona.cost=flops`` unless given): what a
+    """A plan with a machine-independent cost model (``planner.cost=flops`` unless given): what a
     test checks of a plan must not depend on the CPU that runs it (measured costs do)."""
-    given = any(o.startswith("canzona.cost=") for o in overrides)
-    return make_plan(load_config([*([] if given else ["canzona.cost=flops"]), *overrides]))
+    given = any(o.startswith("planner.cost=") for o in overrides)
+    return make_plan(load_config([*([] if given else ["planner.cost=flops"]), *overrides]))
 
 
 # ---------------------------------------------------------------- inventory
@@ -239,7 +239,7 @@ def _plain_lpt_imbalance(plan) -> float:
 @pytest.mark.parametrize("dp", [8, 16, 32, 64])
 def test_canzona_close_to_unconstrained_lpt_and_not_above_layerwise(model: str, tp: int, dp: int) -> None:
     """Issue #2's acceptance: bucket geometry and DP-then-TP composition cost almost nothing."""
-    args = (f"model={model}", f"parallel.dp={dp}", f"parallel.tp={tp}", "canzona.cost=flops")
+    args = (f"model={model}", f"parallel.dp={dp}", f"parallel.tp={tp}", "planner.cost=flops")
     canzona = plan_for(*args)
     ours = compute_metrics(canzona).compute_imbalance
     assert ours <= _plain_lpt_imbalance(canzona) * (1.03 if tp == 1 else 1.10)
@@ -274,7 +274,7 @@ def test_minmax_split_is_optimal(sizes: list[int], p: int) -> None:
 
 
 def test_alpha_zero_gives_most_even_shards_boundaries_allow() -> None:
-    plan = plan_for("model=qwen3-0.6b", "model.width_div=4", "parallel.dp=4", "canzona.alpha=0", "bucket.size=300000")
+    plan = plan_for("model=qwen3-0.6b", "model.width_div=4", "parallel.dp=4", "planner.alpha=0", "bucket.size=300000")
     for bucket, ranges in zip(plan.layout.buckets, plan.shard_ranges):
         elems = np.diff(dpmod.boundaries(bucket)).astype(float)
         idx = dpmod.minmax_split(elems, np.zeros(4))
@@ -405,9 +405,9 @@ def test_critical_path_reproduces_issue_10_figures(tp: int, dp: int, expect_glob
     """The figures issue 10 quotes for Qwen3-32B (default buckets, Muon flops cost): the paper's
     greedy rollback puts one matrix per group when a matrix exceeds the capacity, so the TP ranks
     take turns; chunks of T sorted matrices do not."""
-    args = ("model=qwen3-32b", f"parallel.dp={dp}", f"parallel.tp={tp}", "canzona.cost=flops")
+    args = ("model=qwen3-32b", f"parallel.dp={dp}", f"parallel.tp={tp}", "planner.cost=flops")
     for grouping, expect in (("global", expect_global), ("single", expect_single)):
-        plan = plan_for(*args, f"canzona.grouping={grouping}")
+        plan = plan_for(*args, f"planner.grouping={grouping}")
         assert critical_path(plan, compute_metrics(plan).compute).imbalance == pytest.approx(
             expect, abs=0.006
         )
@@ -469,7 +469,7 @@ def test_cli_json() -> None:
     "args,needle",
     [
         (["parallel.tp=3"], "parallel.tp=3"),
-        (["canzona.alpha=1.5"], "canzona.alpha"),
+        (["planner.alpha=1.5"], "planner.alpha"),
         (["model=qwen3-70b"], "qwen3-0.6b"),
         (["method=zero3"], "canzona, sync, layerwise, adamw"),
         (["optimizer=lion"], "muon"),
@@ -498,7 +498,7 @@ def test_cli_errors_are_one_line_exit_2(args: list[str], needle: str) -> None:
 def test_canzona_plan_properties(model: str, dp: int, tp: int, alpha: float, bucket, grouping: str) -> None:
     """Any layout: every matrix owned once, shards tile each bucket at param starts, rank-independent."""
     args = [f"model={model}", "model.width_div=16", "model.num_layers=3", f"parallel.dp={dp}", f"parallel.tp={tp}",
-            f"canzona.alpha={alpha}", f"canzona.grouping={grouping}"] + ([f"bucket.size={bucket}"] if bucket else [])
+            f"planner.alpha={alpha}", f"planner.grouping={grouping}"] + ([f"bucket.size={bucket}"] if bucket else [])
     plan = plan_for(*args)
     assert all(c == 1 for c in _ownership_counts(plan).values())
     for b, ranges in zip(plan.layout.buckets, plan.shard_ranges):

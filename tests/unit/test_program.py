@@ -26,15 +26,15 @@ SMALL = ["model=qwen3-8b", "model.width_div=32", "model.num_layers=2", "bucket.s
 
 
 def plan_for(*items: str):
-    """A plan with a machine-independent cost model (``canzona.cost=flops`` unless given): what a
+    """A plan with a machine-independent cost model (``planner.cost=flops`` unless given): what a
     test checks of a plan must not depend on the CPU that runs it (measured costs do)."""
-    given = any(o.startswith("canzona.cost=") for o in items)
-    return make_plan(load_config([*([] if given else ["canzona.cost=flops"]), *items]))
+    given = any(o.startswith("planner.cost=") for o in items)
+    return make_plan(load_config([*([] if given else ["planner.cost=flops"]), *items]))
 
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (2, 4), (3, 2)]
 VARIANTS = [[], ["dist.dp_collective=padded"], ["dist.dp_collective=reduce_loop"], ["dist.dp_collective=coalesced"],
-            ["dist.dp_collective=all_to_all"], ["dist.overlap_grad_reduce=false"], ["canzona.pipeline_depth=0"],
+            ["dist.dp_collective=all_to_all"], ["dist.overlap_grad_reduce=false"], ["planner.pipeline_depth=0"],
             ["dist.sync_variant=zero1_gather"], ["optimizer=shampoo"], ["model.split_fused=true"]]
 
 

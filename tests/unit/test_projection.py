@@ -183,6 +183,7 @@ def _as_written_before_the_rename(trial: Path) -> None:
     """Rewrite a projected trial's records as they were written before ``profile`` (the hardware
     description) became ``hardware``."""
     def old_config(c: dict) -> dict:
+        c["canzona"] = c.pop("planner")  # the planner's settings were under canzona.*
         c["canzona"]["cost_profile"] = c["canzona"].pop("cost_hardware")
         c["canzona"]["measured_profile"] = c["canzona"].pop("measured_table")
         return c
@@ -219,8 +220,8 @@ def test_a_projection_recorded_before_the_rename_resumes_and_reports(tmp_path: P
     t = sweep.trials[0]
     assert t.summary["hardware"]["name"] == "h100" and "profile" not in t.summary
     assert t.summary["hardware_inputs"]["rates"] and t.summary["versions"]["hardware"] == "h100"
-    assert t.config["canzona"]["cost_hardware"] == "h100" and "cost_profile" not in t.config["canzona"]
-    assert t.summary["config"]["canzona"]["cost_hardware"] == "h100"
+    assert t.config["planner"]["cost_hardware"] == "h100" and "canzona" not in t.config
+    assert t.summary["config"]["planner"]["cost_hardware"] == "h100"
 
     rc, lines = _run(argv)
     assert rc == 0 and "2 trials, 0 to project, 2 skipped" in lines[0]  # same ids, same fingerprint
@@ -238,7 +239,7 @@ def test_a_projection_recorded_before_the_rename_resumes_and_reports(tmp_path: P
     assert any("1 trial(s) were projected with another content of hardware h100" in line for line in lines)
     new = json.loads((trials[0] / "summary.json").read_text())
     assert new["hardware"]["name"] == "h100" and not {"profile", "profile_inputs"} & set(new)
-    assert "cost_hardware" in yaml.safe_load((trials[0] / "config.yaml").read_text())["canzona"]
+    assert "cost_hardware" in yaml.safe_load((trials[0] / "config.yaml").read_text())["planner"]
 
 
 def test_simulate_errors_are_one_line(tmp_path: Path, capsys) -> None:

@@ -50,7 +50,7 @@ def test_a_summary_written_before_the_rename_reads_under_the_new_names() -> None
     new = read_summary(old)
     assert new == {"projected": True, "iteration_ms": 3.0, "hardware": hardware, "hardware_inputs": {"rates": {}},
                    "versions": {"simulator": "canzona.sim", "hardware": "h100"}, "config": old["config"]}
-    assert read_config(new["config"]) == {"canzona": {"cost_hardware": "a100", "measured_table": None, "alpha": 1.0}}
+    assert read_config(new["config"]) == {"planner": {"cost_hardware": "a100", "measured_table": None, "alpha": 1.0}}
     assert "profile" in old and "cost_profile" in old["config"]["canzona"]  # the record read is not changed
     assert read_summary(new) == new  # today's summaries read as they are
     measured = {"iteration_ms_median": 1.0, "versions": {"torch": "2.13"}}  # no hardware block at all

@@ -255,7 +255,7 @@ def test_equal_costs_split_evenly_over_dp_and_sync_is_redundant(tmp_path: Path) 
     path = tmp_path / "toy.yaml"
     path.write_text(yaml.safe_dump(toy_hardware(slope_s=MS, latency_s=0.0, bw=1e30)))
     base = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "parallel.dp=2", "bucket.size=1000",
-            "canzona.cost=measured", f"canzona.measured_table={path}"]
+            "planner.cost=measured", f"planner.measured_table={path}"]
     canz = project(load_config(base + ["method=canzona"]), str(path))
     sync = project(load_config(base + ["method=sync"]), str(path))
     # 8 matrices of equal cost: canzona gives each DP rank 4, sync computes all 8 on both
@@ -266,8 +266,8 @@ def test_equal_costs_split_evenly_over_dp_and_sync_is_redundant(tmp_path: Path) 
 def test_pipeline_depth_hides_tp_communication() -> None:
     base = ["model=qwen3-4b", "model.width_div=16", "model.num_layers=2", "parallel.tp=2", "method=canzona"]
     hw = toy_hardware(slope_s=MS, latency_s=0.4 * MS)
-    serial = project(load_config(base + ["canzona.pipeline_depth=0"]), hw)
-    piped = project(load_config(base + ["canzona.pipeline_depth=2"]), hw)
+    serial = project(load_config(base + ["planner.pipeline_depth=0"]), hw)
+    piped = project(load_config(base + ["planner.pipeline_depth=2"]), hw)
     groups = piped["plan"]["micro_groups"][0]
     assert groups > 1
     assert piped["optimizer_step_ms"] < serial["optimizer_step_ms"]
@@ -396,10 +396,11 @@ def test_compare_reports_signed_percent_errors(tmp_path: Path) -> None:
 
 def test_compare_reads_a_trial_recorded_before_the_rename(tmp_path: Path) -> None:
     """config.yaml written with canzona.cost_profile / canzona.measured_profile (before they were
-    canzona.cost_hardware / canzona.measured_table): compared as the same trial."""
-    d = _fake_trial(tmp_path, "t1", TINY + ["parallel.dp=2", "method=canzona", "canzona.cost_hardware=a100"], 1.25)
+    planner.cost_hardware / planner.measured_table): compared as the same trial."""
+    d = _fake_trial(tmp_path, "t1", TINY + ["parallel.dp=2", "method=canzona", "planner.cost_hardware=a100"], 1.25)
     now = compare(d, toy_hardware())
     raw = yaml.safe_load((d / "config.yaml").read_text())
+    raw["canzona"] = raw.pop("planner")  # the planner's settings were under canzona.*
     raw["canzona"]["cost_profile"] = raw["canzona"].pop("cost_hardware")
     raw["canzona"]["measured_profile"] = raw["canzona"].pop("measured_table")
     (d / "config.yaml").write_text(yaml.safe_dump(raw))
@@ -408,9 +409,9 @@ def test_compare_reads_a_trial_recorded_before_the_rename(tmp_path: Path) -> Non
     from canzona.errors import ConfigError
 
     upgraded = read_config(raw)
-    assert upgraded["canzona"]["cost_hardware"] == "a100" and "cost_profile" not in upgraded["canzona"]
+    assert upgraded["planner"]["cost_hardware"] == "a100" and "canzona" not in upgraded
     assert "cost_profile" in raw["canzona"]  # the record read is not changed
-    with pytest.raises(ConfigError, match="canzona.cost_profile= is now canzona.cost_hardware="):
+    with pytest.raises(ConfigError, match=r"^canzona\.\w+= is now planner\.\w+="):
         load_config(base=raw)  # given as a config (not read as a record): refused
 
 

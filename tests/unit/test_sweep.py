@@ -157,8 +157,8 @@ def test_grid_exclude_include_rules_and_dedup(tmp_path):
 
 def test_trial_overrides_and_axis_selection(tmp_path):
     d = write_sweep(tmp_path, MINI)
-    p = plan("sweep=mini", "train.steps=3", "canzona.alpha=0.5", configs_dir=d)
-    assert all(t.cfg.train.steps == 3 and t.cfg.canzona.alpha == 0.5 for t in p.trials)
+    p = plan("sweep=mini", "train.steps=3", "planner.alpha=0.5", configs_dir=d)
+    assert all(t.cfg.train.steps == 3 and t.cfg.planner.alpha == 0.5 for t in p.trials)
     p = plan("sweep=mini", "method=canzona,sync", "layout=dp2", configs_dir=d)
     assert {(t.cfg.method.label, t.cfg.parallel.dp) for t in p.trials} == {("canzona", 2), ("sync", 2)}
     # a new value for a scalar axis replaces the axis; the include (layerwise) is filtered out
@@ -198,7 +198,7 @@ def test_ids_are_stable_readable_and_content_addressed(tmp_path):
         (["sweep=qwen3_scaling", "rerun=some"], "choose one of: failed, all, none"),
         (["sweep=qwen3_scaling", "size=70b"], "allowed: 0.6b, 8b"),
         (["sweep=qwen3_scaling", "parallel.tp=3"], "parallel.tp=3 contradicts axis layout=dp2tp1"),
-        (["sweep=qwen3_scaling", "canzona.alpha=2"], "canzona.alpha=2.0 must be in [0, 1]"),
+        (["sweep=qwen3_scaling", "planner.alpha=2"], "planner.alpha=2.0 must be in [0, 1]"),
         (["sweep=qwen3_scaling", "method=adam"], "choose one of: canzona, sync, layerwise, adamw"),
         (["sweep=qwen3_scaling", "train.recompute=selective"], "train.recompute='selective' is not allowed; "
                                                                "choose one of: none, full"),
@@ -212,9 +212,9 @@ def test_ids_are_stable_readable_and_content_addressed(tmp_path):
         (["sweep=qwen3_scaling", "dry_run=true"], "dry_run= is now list= (list=true lists the runs"),
         (["sweep=qwen3_scaling", "sim.profile=h100"], "sim.profile= is now sim.hardware= (the hardware file"),
         (["sweep=qwen3_scaling", "canzona.cost_profile=a100"],
-         "command line: canzona.cost_profile= is now canzona.cost_hardware="),
+         "command line: canzona.cost_profile= is now planner.cost_hardware="),
         (["sweep=qwen3_scaling", "canzona.measured_profile=t.yaml"],
-         "command line: canzona.measured_profile= is now canzona.measured_table="),
+         "command line: canzona.measured_profile= is now planner.measured_table="),
     ],
 )
 def test_bad_arguments_give_one_line_errors(items, fragment):
@@ -237,14 +237,14 @@ def test_renamed_keys_are_refused_in_sweep_files_and_on_the_command_line(tmp_pat
     takes keys: one line pointing to the new name, exit 2, nothing written; ``profile=`` is still
     the sweep profile."""
     d = write_sweep(tmp_path, MINI.replace("train.steps: 2}", "train.steps: 2, canzona.cost_profile: a100}"), "fixed")
-    with pytest.raises(ConfigError, match=r"fixed.yaml fixed: canzona.cost_profile= is now canzona.cost_hardware="):
+    with pytest.raises(ConfigError, match=r"fixed.yaml fixed: canzona.cost_profile= is now planner.cost_hardware="):
         plan("sweep=fixed", configs_dir=d)
     d = write_sweep(tmp_path, MINI + "    sweep: {sim: {profile: h200}}\n", "settings")
     with pytest.raises(ConfigError, match=r"^sim.profile= is now sim.hardware="):
         plan("sweep=settings", configs_dir=d)
     d = write_sweep(tmp_path, MINI.replace("layout:\n", "size:\n        a: {canzona: {measured_profile: t.yaml}}\n"
                                                     "      layout:\n"), "axis")
-    with pytest.raises(ConfigError, match=r"axis size.a: canzona.measured_profile= is now canzona.measured_table="):
+    with pytest.raises(ConfigError, match=r"axis size.a: canzona.measured_profile= is now planner.measured_table="):
         plan("sweep=axis", configs_dir=d)
     results = tmp_path / "results"
     assert main(["sweep=qwen3_scaling", "profile=paper_projection", "sim.profile=h200", f"results={results}"]) == 2
@@ -256,12 +256,12 @@ def test_renamed_keys_are_refused_in_sweep_files_and_on_the_command_line(tmp_pat
 
 
 def test_trial_ids_survive_renamed_and_added_keys():
-    """Ids recorded before a key was renamed (canzona.cost_profile -> canzona.cost_hardware) or
+    """Ids recorded before a key was renamed (canzona.cost_profile -> planner.cost_hardware) or
     added (MoE, batched Muon) name the same trials: these are the ids the harness gave at
     73bf1f3. A new key set away from its neutral value, or a changed value, makes a new trial."""
     recorded = {
         (): "0.6b-canzona-muon-dp1tp1-e24a81ebcd",
-        ("model=qwen3-8b", "parallel.dp=4", "canzona.cost_hardware=a100"): "8b-canzona-muon-dp4tp1-6330b7a0e7",
+        ("model=qwen3-8b", "parallel.dp=4", "planner.cost_hardware=a100"): "8b-canzona-muon-dp4tp1-6330b7a0e7",
         ("optimizer=shampoo", "method=sync", "parallel.tp=2", "train.steps=3"): "0.6b-sync-shampoo-dp1tp2-567333f772",
     }
     for overrides, want in recorded.items():
@@ -269,7 +269,7 @@ def test_trial_ids_survive_renamed_and_added_keys():
     base = trial_id(load_config([]))
     assert trial_id(load_config(["optimizer.batch_equal_shapes=true"])) != base
     assert trial_id(load_config(["bucket.expert_size=1000000"])) != base
-    assert trial_id(load_config(["canzona.cost_hardware=a100"])) != base  # the value still counts
+    assert trial_id(load_config(["planner.cost_hardware=a100"])) != base  # the value still counts
 
 
 def test_cli_as_a_script_exits_2(tmp_path):

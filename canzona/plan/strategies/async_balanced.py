@@ -1,8 +1,8 @@
 """TP strategy ``async_balanced``: Canzona's load-balanced micro-group pipeline (docs/design.md §3.2).
 
 Each TP-sharded matrix gets one owner TP rank; the matrices are packed into micro-groups by
-``canzona.grouping`` (default ``rounds``: balanced rounds in which every TP rank has work;
-``global``: the paper's greedy rollback) within ``canzona.capacity``, keeping the owners a joint
+``planner.grouping`` (default ``rounds``: balanced rounds in which every TP rank has work;
+``global``: the paper's greedy rollback) within ``planner.capacity``, keeping the owners a joint
 DP×TP balance chose when the DP strategy offers them. Per group: one all-to-all gathers the
 shards to their owners, the owners compute, one all-to-all scatters the results back.
 """

@@ -1,7 +1,7 @@
 """DP strategy ``balanced``: Canzona's α-balanced static partition (docs/design.md §3.1).
 
 ZeRO-1 bucket shards cut only at parameter boundaries, so every matrix is whole on one DP rank,
-sized by the optimizer's cost. Candidates: the α-blended per-bucket split (``canzona.dp_variant``:
+sized by the optimizer's cost. Candidates: the α-blended per-bucket split (``planner.dp_variant``:
 exact ``minmax`` or the paper's ``snap``), for α = 1 a joint LPT over DP×TP bins (whose TP
 owners the TP strategy may keep), and Megatron's whole-tensor partition last (the paper's fallback,
 chosen only when strictly better). The composer scores each joined with the TP strategy by

@@ -12,7 +12,7 @@ the optimizer step, the parameter gather. The first iteration creates the optimi
 second is the steady state a long run repeats; `Runtime.finish` then drains the last gathers.
 
 The plan is made for ``cuda`` by `make_plan`'s own cost-model choice: with no GPU visible, the
-roofline of ``canzona.cost_hardware`` (a cluster that times its GPUs may place some matrices
+roofline of ``planner.cost_hardware`` (a cluster that times its GPUs may place some matrices
 elsewhere; the layout, buffers and activations do not depend on it).
 
 Per iteration the executor's recorded calls are compared with the program's
