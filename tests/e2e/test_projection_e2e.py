@@ -33,6 +33,7 @@ def _sweep(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=REPO)
 
 
+@pytest.mark.paper  # paper scale (120 projected trials, about a minute on 2 cores): the CI step of its own
 def test_paper_profile_projection_end_to_end(tmp_path: Path) -> None:
     r = _sweep("sweep=qwen3_scaling", "profile=paper_projection", f"results={tmp_path}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -62,10 +62,11 @@ def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
                f"results={tmp_path / 'results'}"]
     r = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    # progress without a terminal: the start line, then exactly one line per finished run
+    # progress without a terminal: the start line, exactly one line per finished run, the closing line
     progress = [line for line in r.stdout.splitlines() if line.startswith("[sweep] ")]
     assert progress[0].startswith("[sweep] 2 run(s) to run; none skipped"), r.stdout
-    assert [line.split(" | ")[0] for line in progress[1:]] == ["[sweep] 1/2 finished", "[sweep] 2/2 finished"], r.stdout
+    assert [line.split(" | ")[0] for line in progress[1:3]] == ["[sweep] 1/2 finished", "[sweep] 2/2 finished"], r.stdout
+    assert len(progress) == 4 and progress[3].startswith("[sweep] ran 2 run(s) in ") and progress[3].endswith("; 0 failed"), r.stdout
     assert " | ETA " in progress[1] and progress[2].split(" | ")[-1].startswith("done "), r.stdout
     report = Path(r.stdout.strip().splitlines()[-1])
     assert report.name == "index.html" and report.exists()
