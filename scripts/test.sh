@@ -12,5 +12,9 @@ bash scripts/setup.sh
 bash scripts/services.sh install
 "$PY" -m ruff check .
 trap 'bash slurm/dev-cluster.sh down >/dev/null 2>&1 || true' EXIT
-"$PY" -m pytest -m "(slow or not slow) and not paper" -p no:cacheprovider "$@"
+# The in-process tests on one worker per core, at most 4 (pytest-xdist), then the multi-process and
+# end-to-end ones one at a time (they start their own ranks and time out if starved of cores):
+# together every test but `paper`, as `pytest -m "(slow or not slow) and not paper"`.
+"$PY" -m pytest -m "not slow and not paper" -n auto --maxprocesses 4 -p no:cacheprovider "$@"
+"$PY" -m pytest -m "slow and not paper" -p no:cacheprovider "$@"
 bash slurm/dev-cluster.sh down

@@ -123,9 +123,11 @@ def test_sigint_to_a_projecting_sweep_records_the_running_trials_interrupted(tmp
     import signal
     import time
 
+    from test_trial_signals import interruptible
+
     args = ["sweep=qwen3_scaling", "profile=paper_projection", "size=0.6b", "sim.workers=2", f"results={tmp_path}"]
     proc = subprocess.Popen([sys.executable, str(REPO / "sweeps" / "run.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO)
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO, preexec_fn=interruptible)
     try:
         deadline = time.monotonic() + 300
         while not any('"done"' in p.read_text() for p in tmp_path.rglob("status.json")):  # under way

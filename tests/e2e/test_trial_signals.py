@@ -58,11 +58,18 @@ def _wait_until(pred, limit_s: float) -> bool:
     return pred()
 
 
+def interruptible() -> None:
+    """In the child before exec: SIGINT as a terminal delivers it. A test run started in the
+    background of a non-interactive shell (``cmd &``) inherits SIGINT ignored, and Python then
+    installs no KeyboardInterrupt handler, as ``nohup`` intends; Ctrl-C is what is tested here."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_a_signal_to_the_launcher_ends_every_rank(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "canzona.run", *LONG, f"out={out}"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     try:
         # the ranks are running once the forkserver has two children (they train, not yet done)
         assert _wait_until(lambda: len(_descendants(proc.pid)) >= 4 and proc.poll() is None, 120), "no ranks started"

@@ -508,7 +508,8 @@ def test_progress_heartbeat_only_when_asked(clock):
     assert len(buf.getvalue().splitlines()) == 2 and "1 running" in buf.getvalue().splitlines()[1]
 
 
-def test_progress_tty_draws_one_live_status_line(clock):
+def test_progress_tty_draws_one_live_status_line(clock, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")  # the live line is cut to the terminal width
     buf = io.StringIO()
     p = Progress(3, skipped=1, parallel=2, stream=buf, tty=True)
     p.start("alpha")
