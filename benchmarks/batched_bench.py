@@ -9,8 +9,8 @@ rank's experts of one layer, or of several), and a dense case, Qwen3-0.6B's 28 f
 Each round times one `Muon.directions` call over the B matrices on both paths
 (``batch_equal_shapes`` off and on), in alternating order (one-at-a-time first on even
 rounds, batched first on odd ones), so drift and background load hit both alike. Printed per
-case: the medians and the speedup (one-at-a-time / batched) as the median of the per-round
-ratios with a 90% bootstrap interval, all measured in this run. Numbers mean something only on
+case: the medians and the speedup (one-at-a-time / batched) as the ratio of the medians with
+the reports' 90% paired bootstrap interval over rounds (`analysis.stats.ratio_with_ci`), all measured in this run. Numbers mean something only on
 an otherwise idle machine.
 """
 
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from bench_io import write_csv
 
+from analysis.stats import ratio_with_ci
 from canzona.optim import Muon
 
 # (label, B, rows, cols) before --div
@@ -34,15 +35,6 @@ CASES = [
     ("experts", 128, 768, 2048),
     ("dense fc2", 28, 1024, 3072),
 ]
-BOOT = 2000
-
-
-def median_ci(x: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
-    """The median of ``x`` and a 90% bootstrap percentile interval of it."""
-    rng = np.random.default_rng(seed)
-    boots = np.median(x[rng.integers(0, len(x), size=(BOOT, len(x)))], axis=1)
-    lo, hi = np.percentile(boots, [5, 95])
-    return float(np.median(x)), float(lo), float(hi)
 
 
 def timed(rule: Muon, grads: list[torch.Tensor], states: list[dict], device: torch.device) -> float:
@@ -65,7 +57,9 @@ def bench_case(count: int, rows: int, cols: int, rounds: int, device: torch.devi
     for k in range(rounds):
         for b in ((False, True) if k % 2 == 0 else (True, False)):
             times[b].append(timed(rules[b], grads, states[b], device))
-    ratio, lo, hi = median_ci(np.array(times[False]) / np.array(times[True]))
+    # the report's ratio of medians with its bootstrap; each round is a pair (both paths ran in it)
+    ratio, lo, hi = ratio_with_ci([np.array([t]) for t in times[False]], [np.array([t]) for t in times[True]],
+                                  paired=True)
     return {"one_at_a_time_ms": 1e3 * statistics.median(times[False]),
             "batched_ms": 1e3 * statistics.median(times[True]), "speedup": ratio, "ci_low": lo, "ci_high": hi}
 
