@@ -19,7 +19,7 @@ from canzona.inventory import MODELS, QWEN3_MOE, ModelConfig, check_experts, che
 from canzona.layout import ExpertLayout
 from canzona.optim import registry as optimizers
 from canzona.optim.section import OptimizerSection
-from canzona.overrides import Arguments, Renamed, build, move_keys, split_argv, upgrade_keys
+from canzona.overrides import Arguments, Renamed, build, move_keys, parent_mapping, split_argv, upgrade_keys
 from canzona.plan import registry as methods
 from canzona.schema_doc import KeyDoc, check_choices, key_docs, setting
 
@@ -259,12 +259,9 @@ def id_dict(config: dict[str, Any]) -> dict[str, Any]:
         oldest.setdefault(r.new, old)
     out = move_keys(config, oldest)
     for dotted, neutral in ID_NEUTRAL.items():
-        *parents, leaf = dotted.split(".")
-        node = out
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and leaf in node and node[leaf] == neutral:
-            del node[leaf]
+        holder, leaf = parent_mapping(out, dotted), dotted.rsplit(".", 1)[-1]
+        if holder is not None and leaf in holder and holder[leaf] == neutral:
+            del holder[leaf]
     return out
 
 

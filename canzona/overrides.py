@@ -146,20 +146,20 @@ def move_keys(d: Mapping[str, Any], moves: Mapping[str, str]) -> dict[str, Any]:
     the dotted key it maps to (a value already at the destination wins); sections are copied."""
     out = _copy_sections(d)
     for src, dst in moves.items():
-        source, leaf = _parent(out, src), src.rsplit(".", 1)[-1]
+        source, leaf = parent_mapping(out, src), src.rsplit(".", 1)[-1]
         if source is None or leaf not in source:
             continue
-        target = _parent(out, dst, create=True)
+        target = parent_mapping(out, dst, create=True)
         if target is not None:
             target.setdefault(dst.rsplit(".", 1)[-1], source.pop(leaf))
             if not source and "." in src:  # a section emptied by the moves is no section of the schema
-                holder = _parent(out, src.rsplit(".", 1)[0])
+                holder = parent_mapping(out, src.rsplit(".", 1)[0])
                 if holder is not None:
                     holder.pop(src.rsplit(".", 2)[-2], None)
     return out
 
 
-def _parent(d: dict[str, Any], key: str, create: bool = False) -> dict[str, Any] | None:
+def parent_mapping(d: dict[str, Any], key: str, create: bool = False) -> dict[str, Any] | None:
     """The mapping that holds the dotted ``key`` (made on the way with ``create``), or None."""
     node: Any = d
     for part in key.split(".")[:-1]:

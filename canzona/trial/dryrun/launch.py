@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import pickle
@@ -116,11 +117,8 @@ def _run_worker(tmp: Path, library: Path | None, config: dict[str, Any], rank: i
     spec, result, stderr = tmp / f"rank{rank}.json", tmp / f"rank{rank}.out.json", tmp / f"rank{rank}.err"
     spec.write_text(json.dumps({"library": str(library) if library else None, "config": config, "rank": rank,
                                 "plan": str(tmp / PLAN_FILE), "setup": os.environ.get(SETUP_ENV)}))
-    if slots is None:
+    with slots if slots is not None else contextlib.nullcontext():
         code = _ZYGOTE.run(library, spec, result, stderr)
-    else:
-        with slots:
-            code = _ZYGOTE.run(library, spec, result, stderr)
     if result.exists():
         return json.loads(result.read_text())
     lines = stderr.read_text(errors="replace").strip().splitlines() if stderr.exists() else []
