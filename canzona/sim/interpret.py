@@ -136,13 +136,16 @@ class ProgramSim:
         if comm.pack_elems:
             self.host(r, self.hw.copy(comm.pack_elems * DTYPE_BYTES[calls[0].dtype]))
         gid, members = self._group(calls[0].axis, r)
-        key = (gid, comm.tag, self.it)
+        self._issued(r, (gid, comm.tag, self.it), calls, members, calls[0].axis)
+
+    def _issued(self, r: int, key: tuple, calls, members: Sequence[int], axis: str) -> None:
+        """Rank r has issued its calls of collective ``key``; the last member to issue resolves it."""
         slot = self.pending.get(key)
         if slot is None:
             slot = self.pending[key] = {}
         slot[r] = (self.tl.cpu[r], calls)
         if len(slot) == len(members):
-            self._resolve(key, members, self.pending.pop(key), calls[0].axis)
+            self._resolve(key, members, self.pending.pop(key), axis)
 
     def _seconds(self, per_member: list, members: Sequence[int], level: str | None = None) -> tuple[float, float]:
         """(seconds, transfer seconds) of one action's calls over ``members`` (``level``: the
@@ -247,7 +250,7 @@ class ProgramSim:
         ops = self._compiled(start)
         pc = [start] * self.world
         active = set(everyone)
-        handles, pending, it = self.handles, self.pending, self.it
+        handles, it = self.handles, self.it
         cpu, factor = tl.cpu, self.host_factor
         while active:
             moved = False
@@ -272,13 +275,7 @@ class ProgramSim:
                         start = tl.open(r)
                         if pack_s is not None:  # packing the send buffer
                             tl.host(r, pack_s * factor[r])
-                        key = (gid, tag, it)
-                        slot = pending.get(key)
-                        if slot is None:
-                            slot = pending[key] = {}
-                        slot[r] = (cpu[r], calls)
-                        if len(slot) == len(members):
-                            self._resolve(key, members, pending.pop(key), axis)
+                        self._issued(r, (gid, tag, it), calls, members, axis)
                         tl.close(r, start, phase, tag)
                     elif code == _HOST:
                         _, seconds, phase, tag = op
