@@ -14,30 +14,40 @@ from dataclasses import dataclass
 from canzona.errors import ConfigError
 
 # A group of ranks named by its axis and its index along the other axis: ("dp", tp_rank),
-# ("tp", dp_rank) or ("world", 0).
+# ("tp", dp_rank) or ("world", 0); an MoE model's expert groups ("ep", "edp", "etp": `ExpertLayout`).
 GroupId = tuple[str, int]
+EXPERT_AXES = ("ep", "edp", "etp")
 
 
 @dataclass(frozen=True)
 class RankLayout:
-    """A DP × TP grid of ranks, TP ranks contiguous."""
+    """A DP × TP grid of ranks, TP ranks contiguous; with ``experts`` (an MoE model) also
+    Megatron's expert grid over the same ranks, whose groups are axes ``ep``, ``edp``, ``etp``."""
 
     dp: int
     tp: int
+    experts: ExpertLayout | None = None
 
     @property
     def world(self) -> int:
         return self.dp * self.tp
 
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The group axes of this grid."""
+        return ("dp", "tp", "world") + (EXPERT_AXES if self.experts is not None else ())
+
     def size(self, axis: str) -> int:
-        """How many ranks an ``axis`` group (dp | tp | world) has."""
+        """How many ranks an ``axis`` group (dp | tp | world; ep | edp | etp with experts) has."""
         if axis == "dp":
             return self.dp
         if axis == "tp":
             return self.tp
         if axis == "world":
             return self.world
-        raise ValueError(f"unknown group axis {axis!r}; allowed: dp, tp, world")
+        if axis in EXPERT_AXES and self.experts is not None:
+            return getattr(self.experts, axis)
+        raise ValueError(f"unknown group axis {axis!r}; allowed: {', '.join(self.axes)}")
 
     def rank_of(self, dp_rank: int, tp_rank: int) -> int:
         """The global rank at (``dp_rank``, ``tp_rank``)."""
@@ -56,19 +66,25 @@ class RankLayout:
         return [self.rank_of(dp_rank, t) for t in range(self.tp)]
 
     def group(self, axis: str, rank: int) -> tuple[GroupId, list[int]]:
-        """(its id, its members) of the ``axis`` group (dp | tp | world) that ``rank`` is in."""
+        """(its id, its members) of the ``axis`` group (`axes`) that ``rank`` is in."""
         d, t = self.coords(rank)
         if axis == "dp":
             return ("dp", t), self.dp_group(t)
         if axis == "tp":
             return ("tp", d), self.tp_group(d)
-        return ("world", 0), list(range(self.world))
+        if axis == "world":
+            return ("world", 0), list(range(self.world))
+        if axis not in EXPERT_AXES or self.experts is None:
+            raise ValueError(f"unknown group axis {axis!r}; allowed: {', '.join(self.axes)}")
+        return self.experts.group(axis, rank)
 
     def groups(self) -> dict[GroupId, list[int]]:
-        """Every group by id: the DP groups, the TP groups, then the world."""
+        """Every group by id: the DP groups, the TP groups, the world, then any expert groups."""
         out: dict[GroupId, list[int]] = {("dp", t): self.dp_group(t) for t in range(self.tp)}
         out.update({("tp", d): self.tp_group(d) for d in range(self.dp)})
         out[("world", 0)] = list(range(self.world))
+        if self.experts is not None:
+            out.update(self.experts.groups())
         return out
 
 
@@ -141,6 +157,18 @@ class ExpertLayout:
     def etp_group(self, edp_rank: int, ep_rank: int) -> list[int]:
         """The expert-TP group at (``edp_rank``, ``ep_rank``)."""
         return [self.rank_of(edp_rank, ep_rank, t) for t in range(self.etp)]
+
+    def group(self, axis: str, rank: int) -> tuple[GroupId, list[int]]:
+        """(its id, its members) of the expert ``axis`` group (ep | edp | etp) ``rank`` is in,
+        numbered as `groups` numbers them."""
+        d, e, t = self.coords(rank)
+        if axis == "ep":
+            return ("ep", d * self.etp + t), self.ep_group(d, t)
+        if axis == "edp":
+            return ("edp", e * self.etp + t), self.edp_group(e, t)
+        if axis == "etp":
+            return ("etp", d * self.ep + e), self.etp_group(d, e)
+        raise ValueError(f"unknown expert group axis {axis!r}; allowed: {', '.join(EXPERT_AXES)}")
 
     def groups(self) -> dict[GroupId, list[int]]:
         """Every expert group by id: ``("ep", edp_rank·etp + etp_rank)``, ``("edp", ep_rank·etp +

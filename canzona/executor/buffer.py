@@ -12,7 +12,7 @@ Megatron's DDP does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -21,13 +21,18 @@ from canzona.plan.buckets import BufferLayout, ParamSlot
 
 
 class FlatBuffers:
-    def __init__(self, model: nn.Module, layout: BufferLayout, device: torch.device,
-                 param_dtype: torch.dtype = torch.float32):
+    """``params`` in the layout's index order; ``chains``: bucket ranges [first, end) each handed
+    out strictly in order on its own (an MoE rank's dense and expert buffers; default: one chain)."""
+
+    def __init__(self, params: Sequence[nn.Parameter], layout: BufferLayout, device: torch.device,
+                 param_dtype: torch.dtype = torch.float32, chains: Sequence[tuple[int, int]] | None = None):
         self.layout = layout
-        self.params = [p for _, p in model.named_parameters()]
+        self.params = list(params)
         n_slots = sum(len(b.params) for b in layout.buckets)
         if len(self.params) != n_slots:
             raise ValueError(f"the model has {len(self.params)} parameters, the plan's layout {n_slots}")
+        self.chains = tuple(chains) if chains is not None else ((0, len(layout.buckets)),)
+        self._chain_of = {b: k for k, (lo, hi) in enumerate(self.chains) for b in range(lo, hi)}
         self.param_buf = torch.zeros(layout.numel, dtype=param_dtype, device=device)
         self.grad_buf = torch.zeros(layout.numel, dtype=torch.float32, device=device)
         self.slots: dict[int, ParamSlot] = {}
@@ -42,7 +47,7 @@ class FlatBuffers:
                 view.copy_(p.detach())
                 p.data = view
         self._ready = [0] * len(layout.buckets)
-        self._next_bucket = 0
+        self._next_bucket = [lo for lo, _ in self.chains]  # per chain, the next bucket to hand out
         self._on_ready: Callable[[int], None] | None = None
         self._armed = True  # count arrivals and hand out full buckets (the last micro-batch)
         self._on_grad: Callable[[int, torch.Tensor], torch.Tensor] | None = None
@@ -75,21 +80,25 @@ class FlatBuffers:
             self.grad_view(index).add_(grad)
             param.grad = None
             if self._armed:
-                self._ready[self.bucket_of[index]] += 1
-                self.launch_ready()
+                b = self.bucket_of[index]
+                self._ready[b] += 1
+                self.launch_ready(self._chain_of[b])
 
         return hook
 
-    def launch_ready(self) -> None:
-        """Hand out every full bucket whose predecessors are out (buckets strictly in order)."""
+    def launch_ready(self, chain: int | None = None) -> None:
+        """Hand out every full bucket whose predecessors in its chain are out (strictly in order);
+        ``chain``: only that chain's (None: every chain's)."""
         if self._on_ready is None:
             return
-        while self._next_bucket < len(self.layout.buckets):
-            b = self._next_bucket
-            if self._ready[b] < len(self.layout.buckets[b].params):
-                return
-            self._next_bucket += 1
-            self._on_ready(b)
+        for k in range(len(self.chains)) if chain is None else (chain,):
+            end = self.chains[k][1]
+            while self._next_bucket[k] < end:
+                b = self._next_bucket[k]
+                if self._ready[b] < len(self.layout.buckets[b].params):
+                    break
+                self._next_bucket[k] += 1
+                self._on_ready(b)
 
     def arm(self, on: bool) -> None:
         """Gradient accumulation: earlier micro-batches only accumulate into the buffer; the last
@@ -99,7 +108,7 @@ class FlatBuffers:
     def start_step(self) -> None:
         self.grad_buf.zero_()
         self._ready = [0] * len(self.layout.buckets)
-        self._next_bucket = 0
+        self._next_bucket = [lo for lo, _ in self.chains]
 
     def mark_all_ready(self) -> None:
         """Treat every gradient as produced (when grads were written without backward)."""

@@ -107,8 +107,10 @@ class Communicator:
     """Issues communication actions over one rank's DP and TP groups."""
 
     def __init__(self, dp_group: dist.ProcessGroup, tp_group: dist.ProcessGroup, device: torch.device,
-                 recorder: Recorder | None = None):
-        self.groups = {"dp": dp_group, "tp": tp_group, "world": None}  # None: the default (world) group
+                 recorder: Recorder | None = None, *, edp_group: dist.ProcessGroup | None = None,
+                 etp_group: dist.ProcessGroup | None = None):
+        # None: the default (world) group; an MoE model's expert-DP and expert-TP groups beside
+        self.groups = {"dp": dp_group, "tp": tp_group, "world": None, "edp": edp_group, "etp": etp_group}
         self.device = device
         self.recorder = recorder or Recorder()
 
@@ -177,17 +179,17 @@ class Communicator:
         tag = a.tag
         if a.op == "all_reduce":
             view = buf[a.start : a.end]
-            p = dist.get_world_size(self.groups["dp"])
-            work = self._all_reduce(tag, "dp", view)
+            p = a.average_over or dist.get_world_size(self.groups[a.axis])
+            work = self._all_reduce(tag, a.axis, view)
             return Pending([work], (lambda: view.mul_(1.0 / p)) if a.average else None)
         ranges = a.ranges
         assert ranges is not None
         p = len(ranges)
         lo, hi = ranges[a.me]
-        scale = 1.0 / p if a.average else 1.0
+        scale = 1.0 / (a.average_over or p) if a.average else 1.0
         if a.impl == "even":
             out = torch.empty(hi - lo, dtype=buf.dtype, device=buf.device)
-            work = self._reduce_scatter(tag, "dp", out, buf[a.start : a.end])
+            work = self._reduce_scatter(tag, a.axis, out, buf[a.start : a.end])
             return Pending([work], lambda: buf[lo:hi].copy_(out).mul_(scale), (out,))
         if a.impl == "padded":
             widest = max(e - s for s, e in ranges)
@@ -195,17 +197,17 @@ class Communicator:
             for r, (s, e) in enumerate(ranges):
                 send[r, : e - s] = buf[s:e]
             out = torch.empty(widest, dtype=buf.dtype, device=buf.device)
-            work = self._reduce_scatter(tag, "dp", out, send.view(-1))
+            work = self._reduce_scatter(tag, a.axis, out, send.view(-1))
             return Pending([work], lambda: buf[lo:hi].copy_(out[: hi - lo]).mul_(scale), (send, out))
         if a.impl in ("reduce_loop", "coalesced"):
             co = a.impl == "coalesced"
-            with self._coalescing("dp", co) as works:
-                works.extend(self._rooted(tag, "reduce", "dp", buf[s:e], r, co) for r, (s, e) in enumerate(ranges) if e > s)
+            with self._coalescing(a.axis, co) as works:
+                works.extend(self._rooted(tag, "reduce", a.axis, buf[s:e], r, co) for r, (s, e) in enumerate(ranges) if e > s)
             return Pending(works, lambda: buf[lo:hi].mul_(scale))
         if a.impl == "all_to_all":
             send = torch.cat([buf[s:e] for s, e in ranges])
             recv = torch.empty(p * (hi - lo), dtype=buf.dtype, device=buf.device)
-            work = self._all_to_all(tag, "dp", recv, send, [hi - lo] * p, [e - s for s, e in ranges], a.me)
+            work = self._all_to_all(tag, a.axis, recv, send, [hi - lo] * p, [e - s for s, e in ranges], a.me)
 
             def finish() -> None:
                 # summed in source-rank order: deterministic on every rank
@@ -223,14 +225,14 @@ class Communicator:
         if a.impl == "even":
             out = torch.empty(end - start, dtype=buf.dtype, device=buf.device)
             mine = buf[lo:hi].contiguous()
-            work = self._all_gather(tag, "dp", out, mine)
+            work = self._all_gather(tag, a.axis, out, mine)
             return Pending([work], lambda: buf[start:end].copy_(out), (out, mine))
         if a.impl == "padded":
             widest = max(e - s for s, e in ranges)
             mine = torch.zeros(widest, dtype=buf.dtype, device=buf.device)
             mine[: hi - lo] = buf[lo:hi]
             out = torch.empty(p, widest, dtype=buf.dtype, device=buf.device)
-            work = self._all_gather(tag, "dp", out.view(-1), mine)
+            work = self._all_gather(tag, a.axis, out.view(-1), mine)
 
             def place() -> None:
                 for r, (s, e) in enumerate(ranges):
@@ -240,13 +242,13 @@ class Communicator:
             return Pending([work], place, (mine, out))
         if a.impl in ("reduce_loop", "coalesced"):
             co = a.impl == "coalesced"
-            with self._coalescing("dp", co) as works:
-                works.extend(self._rooted(tag, "broadcast", "dp", buf[s:e], r, co) for r, (s, e) in enumerate(ranges) if e > s)
+            with self._coalescing(a.axis, co) as works:
+                works.extend(self._rooted(tag, "broadcast", a.axis, buf[s:e], r, co) for r, (s, e) in enumerate(ranges) if e > s)
             return Pending(works)
         if a.impl == "all_to_all":
             send = buf[lo:hi].repeat(p)
             recv = torch.empty(sum(e - s for s, e in ranges), dtype=buf.dtype, device=buf.device)
-            work = self._all_to_all(tag, "dp", recv, send, [e - s for s, e in ranges], [hi - lo] * p, a.me)
+            work = self._all_to_all(tag, a.axis, recv, send, [e - s for s, e in ranges], [hi - lo] * p, a.me)
 
             def place_all() -> None:
                 off = 0
@@ -265,7 +267,7 @@ class Communicator:
         if mine_items:
             mine[: a.sizes[a.me]] = torch.cat([param_of(i).reshape(-1) for i in mine_items])
         out = torch.empty(len(a.sizes), widest, dtype=mine.dtype, device=mine.device)
-        work = self._all_gather(a.tag, "dp", out.view(-1), mine)
+        work = self._all_gather(a.tag, a.axis, out.view(-1), mine)
 
         def unpack() -> None:
             for r, items in enumerate(a.owned):
@@ -289,7 +291,7 @@ class Communicator:
         in_splits = [sum(grad_of(i).numel() for i in by_owner[r]) for r in range(tp)]
         mine = in_splits[me]
         recv = torch.empty(mine * tp, dtype=send.dtype, device=send.device)
-        work = self._all_to_all(a.tag, "tp", recv, send, [mine] * tp, in_splits, me)
+        work = self._all_to_all(a.tag, a.axis, recv, send, [mine] * tp, in_splits, me)
 
         def unpack() -> dict[int, torch.Tensor]:
             per_src = recv.view(tp, -1)
@@ -316,7 +318,7 @@ class Communicator:
         out_splits = [sum(grad_of(i).numel() for i in by_owner[r]) for r in range(tp)]
         mine = out_splits[me]
         recv = torch.empty(sum(out_splits), dtype=send.dtype if parts else torch.float32, device=device)
-        work = self._all_to_all(a.tag, "tp", recv, send, out_splits, [mine] * tp, me)
+        work = self._all_to_all(a.tag, a.axis, recv, send, out_splits, [mine] * tp, me)
 
         def unpack() -> dict[int, torch.Tensor]:
             shards, off = {}, 0
@@ -335,7 +337,7 @@ class Communicator:
             g = grad_of(i)
             src = g.contiguous().view(-1)
             out = torch.empty(a.tp * g.numel(), dtype=g.dtype, device=g.device)
-            pending.append((self._all_gather(a.tag, "tp", out, src), out, src))
+            pending.append((self._all_gather(a.tag, a.axis, out, src), out, src))
 
         def fulls() -> dict[int, torch.Tensor]:
             return {

@@ -32,6 +32,7 @@ from canzona.executor.buffer import FlatBuffers
 from canzona.executor.comm import Communicator, Pending, Recorder
 from canzona.optim.clip import clip_coefficient, sum_of_squares
 from canzona.optim.owner import ElementwiseUpdates, MatrixUpdates
+from canzona.plan.experts import rank_space
 from canzona.program.actions import (
     COMM_TYPES,
     Apply,
@@ -50,6 +51,18 @@ from canzona.program.actions import (
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def _in_space_order(model: nn.Module, specs) -> list[nn.Parameter]:
+    """The model's parameters in the order of the rank's params ``specs`` (by name): an MoE
+    model registers its experts inside each layer, the buffer holds them after the dense params."""
+    named = dict(model.named_parameters())
+    names = [s.name for s in specs]
+    if set(named) != set(names):
+        missing, extra = sorted(set(names) - set(named)), sorted(set(named) - set(names))
+        raise ValueError(f"the model's parameters differ from the plan's: missing {missing[:3]}, "
+                         f"unexpected {extra[:3]} ({len(named)} vs {len(names)})")
+    return [named[n] for n in names]
+
+
 class Runtime:
     def __init__(self, model: nn.Module, plan, program: Program, optimizer_cfg, ctx):
         if (plan.dp, plan.tp) != (ctx.dp, ctx.tp) or (program.dp_rank, program.tp_rank) != (ctx.dp_rank, ctx.tp_rank):
@@ -58,15 +71,19 @@ class Runtime:
                 f"cannot run on rank (dp {ctx.dp_rank}, tp {ctx.tp_rank}) of dp={ctx.dp} tp={ctx.tp}"
             )
         self.model, self.plan, self.program = model, plan, program
-        self.buffers = FlatBuffers(model, plan.layout, ctx.device, _TORCH_DTYPES[program.param_dtype])
+        # this rank's params and buffer: the plan's, and an MoE rank's experts after them
+        self.space = space = rank_space(plan, program.rank)
+        self.buffers = FlatBuffers(_in_space_order(model, space.params), space.layout, ctx.device,
+                                   _TORCH_DTYPES[program.param_dtype], space.chains)
         # fp32 main parameters (bf16 training): one tensor per main range, from the model's values
         self._main_starts = [a for a, _ in program.main_ranges]
         self._main = [self.buffers.param_buf[a:b].float() for a, b in program.main_ranges]
         self.recorder = Recorder()
-        self.comm = Communicator(ctx.dp_group, ctx.tp_group, ctx.device, self.recorder)
-        self.matrices = MatrixUpdates(plan.params, optimizer_cfg)
+        self.comm = Communicator(ctx.dp_group, ctx.tp_group, ctx.device, self.recorder,
+                                 edp_group=getattr(ctx, "edp_group", None), etp_group=getattr(ctx, "etp_group", None))
+        self.matrices = MatrixUpdates(space.params, optimizer_cfg)
         self.elementwise = ElementwiseUpdates(optimizer_cfg)
-        self.tp_dims = {i: p.tp_dim for i, p in enumerate(plan.params) if p.tp_dim is not None}
+        self.tp_dims = {i: p.tp_dim for i, p in enumerate(space.params) if p.tp_dim is not None}
         self.steps = 0
         self.pending: dict[str, Pending] = {}
         self.results: dict[str, Any] = {}

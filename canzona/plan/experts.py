@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from canzona.inventory import ParamSpec
 from canzona.layout import ExpertLayout
-from canzona.plan.buckets import build_layout
+from canzona.plan.buckets import Bucket, BufferLayout, ParamSlot, build_layout
 from canzona.plan.compose import compose
 from canzona.plan.types import ExpertPlan, Plan, PlanInputs, PlanSettings
 
@@ -85,3 +85,48 @@ def plan_experts(ei: ExpertInputs, dp: str, tp: str) -> ExpertPlan:
             done[key] = compose(inputs, dp, tp)
         plans.append(replace(done[key], params=inputs.params))  # same plan, this EP rank's names
     return ExpertPlan(ei.layout, ei.index, tuple(plans), ei.bucket_size, time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class RankSpace:
+    """One rank's parameters and flat buffer as its executor holds them: the dense plan's params
+    and buffer, then (an MoE model) its EP rank's experts, appended with their indices shifted by
+    ``dense_params``, their buffer offsets by ``dense_numel`` and their buckets by
+    ``dense_buckets``. The lowering (`canzona.program.experts`) shifts the expert program the
+    same way, so that every action addresses one index space and one buffer; only the expert
+    buffer's collectives run on other groups (axes ``edp``, ``etp``)."""
+
+    params: tuple[ParamSpec, ...]
+    layout: BufferLayout
+    dense_params: int
+    dense_numel: int
+    dense_buckets: int
+    ep_rank: int | None = None  # None: a dense model
+    expert_tp: int = 1  # the expert-TP size the expert params are split over
+
+    @property
+    def chains(self) -> tuple[tuple[int, int], ...]:
+        """The bucket ranges whose reductions are issued strictly in order among themselves: the
+        dense buffer's and the expert buffer's (each group issues its own in order)."""
+        n = len(self.layout.buckets)
+        return ((0, self.dense_buckets),) + (((self.dense_buckets, n),) if n > self.dense_buckets else ())
+
+    def split_over(self, index: int, tp: int) -> int:
+        """How many ranks param ``index``'s TP dim is split over: ``tp`` (dense), the expert-TP size."""
+        return tp if index < self.dense_params else self.expert_tp
+
+
+def rank_space(plan: Plan, rank: int) -> RankSpace:
+    """`RankSpace` of global ``rank`` under ``plan`` (pure)."""
+    lay = plan.layout
+    if plan.experts is None:
+        return RankSpace(plan.params, lay, len(plan.params), lay.numel, len(lay.buckets))
+    _, ep_rank, _ = plan.experts.layout.coords(rank)
+    eplan = plan.experts.plans[ep_rank]
+    n, off, nb = len(plan.params), lay.numel, len(lay.buckets)
+    shifted = tuple(
+        Bucket(nb + b.index, b.start + off, b.end + off,
+               tuple(ParamSlot(s.index + n, s.start + off, s.end + off) for s in b.params))
+        for b in eplan.layout.buckets)
+    layout = BufferLayout(lay.buckets + shifted, off + eplan.layout.numel, lay.dp, lay.tp)
+    return RankSpace(plan.params + eplan.params, layout, n, off, nb, ep_rank, plan.experts.layout.etp)

@@ -171,6 +171,11 @@ class Plan(_Sized):
     experts: ExpertPlan | None = None
 
     @property
+    def rank_layout(self) -> RankLayout:
+        """Where each global rank sits (`canzona.layout`), with the expert grid of an MoE plan."""
+        return RankLayout(self.layout.dp, self.layout.tp, self.experts.layout if self.experts is not None else None)
+
+    @property
     def every_rank_updates_all(self) -> bool:
         """Every DP rank computes every update itself (sync): nothing to sync afterwards."""
         return self.param_sync == "none"

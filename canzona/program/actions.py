@@ -24,9 +24,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
-Axis = Literal["dp", "tp", "world"]
+if TYPE_CHECKING:
+    from canzona.layout import ExpertLayout
+
+# The process group a call runs on: the dense DP and TP groups, the world, and an MoE model's
+# expert-DP and expert-TP groups (`canzona.layout.ExpertLayout`), which reduce and update the experts.
+Axis = Literal["dp", "tp", "world", "edp", "etp"]
 # How the per-rank pieces of an uneven-shard DP collective travel (see `canzona.program.lower`):
 #   even       Megatron's equal shards in rank order: one reduce_scatter / all_gather
 #   padded     every shard padded to the widest: one even collective over P x widest
@@ -120,10 +125,10 @@ def _widths(ranges: Ranges) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _rooted_calls(op: str, widths: tuple[int, ...], dtype: str, coalesced: bool) -> tuple[Call, ...]:
+def _rooted_calls(op: str, widths: tuple[int, ...], dtype: str, coalesced: bool, axis: str = "dp") -> tuple[Call, ...]:
     """One rooted call per non-empty piece (uneven DP shards): the same on every member of the
     group, so made once per bucket layout rather than once per rank."""
-    return tuple(_call(op, "dp", x, x, dtype, r, coalesced) for r, x in enumerate(widths) if x > 0)
+    return tuple(_call(op, axis, x, x, dtype, r, coalesced) for r, x in enumerate(widths) if x > 0)
 
 
 # ----------------------------------------------------------------------------- communication
@@ -143,23 +148,28 @@ class BucketReduce:
     dtype: str
     average: bool
     phase: str
+    axis: Axis = "dp"  # "edp": an expert bucket, over its expert-DP group
+    # The average divides the sum by this many ranks (0: the group's size). Expert gradients are
+    # summed over the expert-DP group and divided by the dense DP size (Megatron's expert
+    # gradient scaling), since every rank's tokens reached the experts through the dispatch.
+    average_over: int = 0
 
     @_memo
     def calls(self) -> tuple[Call, ...]:
-        n = self.end - self.start
+        n, ax = self.end - self.start, self.axis
         if self.op == "all_reduce":
-            return (_call("all_reduce", "dp", n, n, self.dtype),)
+            return (_call("all_reduce", ax, n, n, self.dtype),)
         assert self.ranges is not None
         w = _widths(self.ranges)
         p, mine = len(w), w[self.me]
         if self.impl == "even":
-            return (_call("reduce_scatter", "dp", n, mine, self.dtype),)
+            return (_call("reduce_scatter", ax, n, mine, self.dtype),)
         if self.impl == "padded":
-            return (_call("reduce_scatter", "dp", p * max(w), max(w), self.dtype),)
+            return (_call("reduce_scatter", ax, p * max(w), max(w), self.dtype),)
         if self.impl in ("reduce_loop", "coalesced"):
-            return _rooted_calls("reduce", tuple(w), self.dtype, self.impl == "coalesced")
+            return _rooted_calls("reduce", tuple(w), self.dtype, self.impl == "coalesced", ax)
         if self.impl == "all_to_all":
-            return (_call("all_to_all", "dp", sum(w), p * mine, self.dtype, None, False, mine),)
+            return (_call("all_to_all", ax, sum(w), p * mine, self.dtype, None, False, mine),)
         raise ValueError(f"unknown impl {self.impl!r}")
 
     @property
@@ -199,19 +209,20 @@ class BucketGather:
     me: int
     dtype: str
     phase: str
+    axis: Axis = "dp"
 
     @_memo
     def calls(self) -> tuple[Call, ...]:
         w = _widths(self.ranges)
-        p, mine, n = len(w), w[self.me], sum(w)
+        p, mine, n, ax = len(w), w[self.me], sum(w), self.axis
         if self.impl == "even":
-            return (_call("all_gather", "dp", mine, n, self.dtype),)
+            return (_call("all_gather", ax, mine, n, self.dtype),)
         if self.impl == "padded":
-            return (_call("all_gather", "dp", max(w), p * max(w), self.dtype),)
+            return (_call("all_gather", ax, max(w), p * max(w), self.dtype),)
         if self.impl in ("reduce_loop", "coalesced"):
-            return _rooted_calls("broadcast", tuple(w), self.dtype, self.impl == "coalesced")
+            return _rooted_calls("broadcast", tuple(w), self.dtype, self.impl == "coalesced", ax)
         if self.impl == "all_to_all":
-            return (_call("all_to_all", "dp", p * mine, n, self.dtype, None, False, mine),)
+            return (_call("all_to_all", ax, p * mine, n, self.dtype, None, False, mine),)
         raise ValueError(f"unknown impl {self.impl!r}")
 
     @property
@@ -242,11 +253,12 @@ class OwnedParamsGather:
     me: int
     dtype: str
     phase: str
+    axis: Axis = "dp"
 
     @_memo
     def calls(self) -> tuple[Call, ...]:
         widest = max(self.sizes)
-        return (_call("all_gather", "dp", widest, len(self.sizes) * widest, self.dtype),)
+        return (_call("all_gather", self.axis, widest, len(self.sizes) * widest, self.dtype),)
 
     @property
     @_memo
@@ -272,11 +284,12 @@ class TpGather:
     tp: int
     dtype: str
     phase: str = "gather"
+    axis: Axis = "tp"  # "etp": an expert micro-group, over its expert-TP group
 
     @_memo
     def calls(self) -> tuple[Call, ...]:
         mine = sum(s for s, o in zip(self.shard, self.owners) if o == self.me)
-        return (_call("all_to_all", "tp", sum(self.shard), self.tp * mine, self.dtype, None, False, mine),)
+        return (_call("all_to_all", self.axis, sum(self.shard), self.tp * mine, self.dtype, None, False, mine),)
 
     @property
     @_memo
@@ -304,11 +317,12 @@ class TpScatter:
     tp: int
     dtype: str
     phase: str = "scatter"
+    axis: Axis = "tp"
 
     @_memo
     def calls(self) -> tuple[Call, ...]:
         mine = sum(s for s, o in zip(self.shard, self.owners) if o == self.me)
-        return (_call("all_to_all", "tp", self.tp * mine, sum(self.shard), self.dtype, None, False, mine),)
+        return (_call("all_to_all", self.axis, self.tp * mine, sum(self.shard), self.dtype, None, False, mine),)
 
     @property
     @_memo
@@ -332,10 +346,11 @@ class TpAllGather:
     tp: int
     dtype: str
     phase: str = "gather"
+    axis: Axis = "tp"
 
     @_memo
     def calls(self) -> tuple[Call, ...]:
-        return tuple(_call("all_gather", "tp", s, self.tp * s, self.dtype) for s in self.shard)
+        return tuple(_call("all_gather", self.axis, s, self.tp * s, self.dtype) for s in self.shard)
 
     @property
     @_memo
@@ -544,6 +559,8 @@ class Program:
     main_ranges: Ranges = ()
     param_dtype: str = "float32"
     notes: dict[str, str] = field(default_factory=dict, compare=False)
+    # An MoE model's expert grid (its expert buffer's collectives run on its edp / etp groups)
+    experts: ExpertLayout | None = None
 
     def comms(self) -> list[Comm]:
         """Every communication action, in issue order (backward hooks in place)."""

@@ -47,14 +47,14 @@ def check_matching(programs: Sequence[Program]) -> list[str]:
     all_to_all as much received in total as sent."""
     if not programs:
         return []
-    dp, tp = programs[0].dp, programs[0].tp
+    grid = RankLayout(programs[0].dp, programs[0].tp, programs[0].experts)
     by_rank = {p.rank: p for p in programs}
     by_axis: dict[int, dict[str, list[tuple[str, Call]]]] = {}  # rank -> axis -> its calls, in order
     split_of: dict[int, tuple] = {}  # id(action) -> (action, its calls by axis): actions are shared
 
     def calls_of(r: int, axis: str) -> list[tuple[str, Call]]:
         if r not in by_axis:
-            split: dict[str, list[tuple[str, Call]]] = {"dp": [], "tp": [], "world": []}
+            split: dict[str, list[tuple[str, Call]]] = {axis: [] for axis in grid.axes}
             for a in by_rank[r].actions:  # `Program.calls`, action by action
                 hit = split_of.get(id(a))
                 if hit is None:
@@ -68,7 +68,7 @@ def check_matching(programs: Sequence[Program]) -> list[str]:
         return by_axis[r].get(axis, [])
 
     problems: list[str] = []
-    for (axis, idx), members in RankLayout(dp, tp).groups().items():
+    for (axis, idx), members in grid.groups().items():
         if not all(r in by_rank for r in members):
             continue
         seqs = {r: calls_of(r, axis) for r in members}

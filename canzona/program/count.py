@@ -20,6 +20,7 @@ import numpy as np
 
 from canzona.layout import RankLayout
 from canzona.plan.critical_path import lower_bound
+from canzona.plan.experts import RankSpace, rank_space
 from canzona.program.actions import DTYPE_BYTES, Backward, Compute, Elementwise, Forward, Program, is_comm
 
 
@@ -54,10 +55,15 @@ class PlanMetrics:
 
 
 class _Slots:
-    """Which parameter each buffer element belongs to (for elementwise ranges)."""
+    """Which parameter each buffer element belongs to (for elementwise ranges), and each
+    parameter's spec and cost, in one rank's index space (`canzona.plan.experts.RankSpace`: an
+    MoE rank's experts after the dense params)."""
 
-    def __init__(self, plan):
-        slots = sorted((s for b in plan.layout.buckets for s in b.params), key=lambda s: s.start)
+    def __init__(self, plan, rank: int = 0):
+        space = rank_space(plan, rank)
+        self.params = space.params
+        self.cost = _space_costs(plan, space)
+        slots = sorted((s for b in space.layout.buckets for s in b.params), key=lambda s: s.start)
         self.starts = [s.start for s in slots]
         self.slots = slots
 
@@ -102,17 +108,25 @@ def _action_wire(a, sizes: dict[str, int], memo: dict[int, tuple]) -> tuple[tupl
     return pairs
 
 
-def _work(plan, a, slots: _Slots, memo: dict[int, tuple]) -> tuple:
+def _space_costs(plan, space: RankSpace) -> dict[int, float]:
+    if space.ep_rank is None:
+        return plan.cost
+    expert = plan.experts.plans[space.ep_rank]
+    return {**plan.cost, **{space.dense_params + k: c for k, c in expert.cost.items()}}
+
+
+def _work(a, slots: _Slots, memo: dict[int, tuple]) -> tuple:
     """An action's optimizer work as the terms `count_program` adds, in its order: a `Compute`'s
     (cost, state elements) of its items, an `Elementwise`'s covered fraction of each parameter's
     cost and the elements covered; kept per action object in ``memo``."""
     hit = memo.get(id(a))
     if hit is not None:
         return hit[1]
+    cost, params = slots.cost, slots.params
     if isinstance(a, Compute):
-        terms: tuple = ((sum(plan.cost[i] for i in a.items), sum(plan.params[i].numel for i in a.items)),)
+        terms: tuple = ((sum(cost[i] for i in a.items), sum(params[i].numel for i in a.items)),)
     elif isinstance(a, Elementwise):
-        terms = tuple((plan.cost[i] * n / plan.params[i].numel, n)
+        terms = tuple((cost[i] * n / params[i].numel, n)
                       for lo, hi in a.ranges for i, n in slots.overlaps(lo, hi))
     else:
         terms = ()
@@ -124,15 +138,15 @@ def count_program(plan, program: Program, slots: _Slots | None = None,
                   _memo: tuple[dict[int, tuple], dict[int, tuple]] | None = None
                   ) -> tuple[float, float, float, float, int]:
     """(compute, state elements, sent bytes, received bytes, calls) of one rank's program."""
-    slots = slots or _Slots(plan)
+    slots = slots or _Slots(plan, program.rank)
     grid = plan.rank_layout
-    sizes = {axis: grid.size(axis) for axis in ("dp", "tp", "world")}
+    sizes = {axis: grid.size(axis) for axis in grid.axes}
     work_memo, wire_memo = ({}, {}) if _memo is None else _memo
     compute = numel = 0.0
     sent = recv = 0.0
     calls = 0
     for a in program.actions:
-        for c, n in _work(plan, a, slots, work_memo):
+        for c, n in _work(a, slots, work_memo):
             compute += c
             numel += n
         pairs = _action_wire(a, sizes, wire_memo)  # every call in `Program.calls` order, summed in it
@@ -150,21 +164,24 @@ def count_programs(plan, programs: Sequence[Program]) -> PlanMetrics:
     send = np.zeros((dp, tp))
     recv = np.zeros((dp, tp))
     calls = 0
-    slots = _Slots(plan)
+    spaces: dict[int | None, _Slots] = {}  # per EP rank (an MoE plan), else one
     memo: tuple[dict[int, tuple], dict[int, tuple]] = ({}, {})  # actions are shared between ranks
     done: dict[tuple[int, ...], tuple] = {}  # and whole programs' action lists, between TP ranks
     for prog in programs:
         same = tuple(map(id, prog.actions))  # the same objects in the same order: the same sums
         counted = done.get(same)
         if counted is None:
-            counted = done[same] = count_program(plan, prog, slots, memo)
+            ep_rank = plan.experts.layout.coords(prog.rank)[1] if plan.experts is not None else None
+            if ep_rank not in spaces:
+                spaces[ep_rank] = _Slots(plan, prog.rank)
+            counted = done[same] = count_program(plan, prog, spaces[ep_rank], memo)
         c, n, s, r, k = counted
         d, t = prog.dp_rank, prog.tp_rank
         compute[d, t], numel[d, t], send[d, t], recv[d, t] = c, n, s, r
         calls = max(calls, k)
     ranks = plan.rank_layout.world
-    ideal = sum(plan.cost.values()) / ranks
-    total_numel = sum(p.numel for p in plan.params)
+    ideal = (sum(plan.cost.values()) + _expert_total(plan, lambda p: sum(p.cost.values()))) / ranks
+    total_numel = sum(p.numel for p in plan.params) + _expert_total(plan, lambda p: sum(s.numel for s in p.params))
     return PlanMetrics(
         compute=compute,
         numel=numel,
@@ -175,6 +192,11 @@ def count_programs(plan, programs: Sequence[Program]) -> PlanMetrics:
         recv_bytes=recv,
         collectives=calls,
     )
+
+
+def _expert_total(plan, of) -> float:
+    """``of`` summed over every EP rank's expert plan: each expert counted once (0: a dense plan)."""
+    return 0.0 if plan.experts is None else sum(of(p) for p in plan.experts.plans)
 
 
 def compute_metrics(plan) -> PlanMetrics:

@@ -56,6 +56,7 @@ from canzona.program.actions import (
     TpScatter,
     Wait,
 )
+from canzona.program.experts import MoeLowering
 
 PADDING_TOLERANCE = 1.25
 GRAD_DTYPE = "float32"  # the gradient buffer and its reductions (Megatron: fp32 grad accumulation)
@@ -81,8 +82,11 @@ def resolve_impl(ranges: Ranges, how: str) -> str:
 class _Lowering:
     """Shared, rank-independent facts of one plan, computed once for all ranks."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, *, reduce_alone: bool = False):
         self.plan = plan
+        # reduce gradients even over a group of one (an expert buffer at expert-DP 1 still scales
+        # its gradients by 1/DP in its reduction, as Megatron's bucket does)
+        self.reduces = plan.dp > 1 or reduce_alone
         self.ex = plan.execution
         self.dp, self.tp = plan.dp, plan.tp
         self.grid = plan.rank_layout
@@ -159,13 +163,13 @@ class _Lowering:
         out: list[Action] = [Forward(self.forward_waits(d))]
         for m in range(k - 1):  # gradient accumulation: earlier micro-batches only accumulate
             out += [Backward((), self.tp_partial, GRAD_DTYPE, m, last=False), Forward((), m + 1)]
-        reduces = [self.grad_reduce(d, b.index, "backward") for b in buckets] if self.dp > 1 else []
+        reduces = [self.grad_reduce(d, b.index, "backward") for b in buckets] if self.reduces else []
         if self.ex.overlap_grad_reduce:
             hooks = tuple(BucketHook(r.bucket, (r,)) for r in reduces)
             out.append(Backward(hooks, self.tp_partial, GRAD_DTYPE, k - 1))
         else:
             out.append(Backward((), self.tp_partial, GRAD_DTYPE, k - 1))
-            out.extend(self.grad_reduce(d, b.index, "grad_reduce") for b in buckets if self.dp > 1)
+            out.extend(self.grad_reduce(d, b.index, "grad_reduce") for b in buckets if self.reduces)
         if reduces:
             out.append(Wait(tuple(r.tag for r in reduces), "grad_reduce", "grad reduction"))
         if reduces and plan.regathers_grads:  # sync zero1_gather: every rank needs every gradient back
@@ -449,8 +453,9 @@ def subtract(ranges: Ranges, holes) -> Ranges:
 
 
 def lower(plan, ranks: Sequence[int] | None = None) -> list[Program]:
-    """The programs of ``ranks`` (default: every rank), numbered as `canzona.layout.RankLayout` does."""
-    low = _Lowering(plan)
+    """The programs of ``ranks`` (default: every rank), numbered as `canzona.layout.RankLayout` does;
+    an MoE plan's hold its experts too (`canzona.program.experts`)."""
+    low = _Lowering(plan) if plan.experts is None else MoeLowering(plan, _Lowering)
     return [low.program(r) for r in (range(low.grid.world) if ranks is None else ranks)]
 
 
