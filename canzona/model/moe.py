@@ -15,6 +15,13 @@ One MoE layer (Qwen3-30B-A3B / 235B-A22B: every layer sparse, no shared expert):
 4. **Combine**: the outputs sent back (the reverse ``all_to_all_single``), weighted by the
    routing probabilities in fp32 and summed over each token's k experts.
 
+**Expert-TP** (``etp`` = TP > 1, with sequence parallelism): each TP rank routes its own part of
+the sequence (the router's gradient is partial per TP rank, as the inventory says), then the
+tokens and their probabilities are all-gathered over the expert-TP group, so every rank of it
+dispatches the same tokens over its EP group; each holds a row block of every local expert's fc1
+(whole gate/up pairs) and the matching columns of fc2, as the dense MLP, and the weighted partial
+outputs are reduce-scattered back to its part of the sequence (`canzona.model.sequence_parallel`).
+
 Dropless: no capacity factor, no token is dropped or padded. **No auxiliary loss**: Qwen3 trains
 with a load-balancing loss (and Megatron adds it with ``moe_aux_loss_coeff``), but it only
 changes the router's gradient by a small term; the harness times the optimizer step, so it is
@@ -51,6 +58,7 @@ from torch import nn
 
 from canzona.inventory import ModelConfig
 from canzona.model import fused
+from canzona.model import sequence_parallel as sp
 
 
 def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
@@ -106,22 +114,26 @@ class ExpertWeights(nn.Module):
 
 
 class Experts(nn.Module):
-    """This EP rank's experts, whole (expert-TP 1): fc1 ``[2·ffn, hidden]`` (rows interleaved gate_i,
-    up_i, as the dense fc1), fc2 ``[hidden, ffn]``; all experts' fc1, then all experts' fc2."""
+    """This EP rank's experts: fc1 ``[2·ffn/etp, hidden]`` (rows interleaved gate_i, up_i, as the
+    dense fc1; this expert-TP rank's block), fc2 ``[hidden, ffn/etp]``; all experts' fc1, then all
+    experts' fc2."""
 
-    def __init__(self, cfg: ModelConfig, experts: range, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, experts: range, dtype: torch.dtype, etp: int = 1):
         super().__init__()
-        self.linear_fc1 = ExpertWeights(experts, (2 * cfg.ffn, cfg.hidden), dtype)
-        self.linear_fc2 = ExpertWeights(experts, (cfg.hidden, cfg.ffn), dtype)
+        self.linear_fc1 = ExpertWeights(experts, (2 * cfg.ffn // etp, cfg.hidden), dtype)
+        self.linear_fc2 = ExpertWeights(experts, (cfg.hidden, cfg.ffn // etp), dtype)
 
     def forward(self, x: torch.Tensor, local: int) -> torch.Tensor:
         return self.linear_fc2(fused.swiglu(self.linear_fc1(x, local)), local)
 
 
-def balanced_choice(tokens: int, top_k: int, num_experts: int, device: torch.device | str) -> torch.Tensor:
+def balanced_choice(tokens: int, top_k: int, num_experts: int, device: torch.device | str,
+                    first: int = 0) -> torch.Tensor:
     """The round-robin routing of `MoELayer`'s ``balanced_routing``: ``[tokens, top_k]`` expert
-    indices, slot ``t·k + j`` to expert ``(t·k + j) mod E`` (k distinct experts per token)."""
-    return torch.arange(tokens * top_k, device=device).remainder(num_experts).view(tokens, top_k)
+    indices of tokens ``first ..``, slot ``t·k + j`` to expert ``(t·k + j) mod E`` (k distinct
+    experts per token)."""
+    slots = torch.arange(first * top_k, (first + tokens) * top_k, device=device)
+    return slots.remainder(num_experts).view(tokens, top_k)
 
 
 def balanced_counts(tokens: int, top_k: int, num_experts: int) -> list[int]:
@@ -136,24 +148,28 @@ class MoELayer(nn.Module):
     ``forward(x [..., hidden]) -> [..., hidden]`` routes every row of ``x`` (with sequence
     parallelism, this TP rank's part of the sequence: each TP rank dispatches its own tokens over
     its EP group). ``ep_group`` is Megatron's expert-model-parallel group (``ep`` ranks, this one
-    ``ep_rank``), holding experts ``ep_rank·E/ep .. (ep_rank+1)·E/ep - 1``.
+    ``ep_rank``), holding experts ``ep_rank·E/ep .. (ep_rank+1)·E/ep - 1``; ``etp_group`` its
+    expert-TP group (``etp`` ranks, this one ``etp_rank``; etp > 1 only with sequence parallelism
+    over that same TP group).
     """
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, ep: int = 1, ep_rank: int = 0, ep_group=None,
-                 balanced_routing: bool = False):
+                 balanced_routing: bool = False, etp: int = 1, etp_rank: int = 0, etp_group=None):
         super().__init__()
         self.num_experts, self.top_k = cfg.num_experts, cfg.top_k
         self.ep, self.ep_rank, self.ep_group = ep, ep_rank, ep_group
+        self.etp, self.etp_rank, self.etp_group = etp, etp_rank, etp_group
         self.local = cfg.num_experts // ep
         self.balanced_routing = balanced_routing
         self.router = Router(cfg.num_experts, cfg.hidden, dtype)
-        self.experts = Experts(cfg, range(ep_rank * self.local, (ep_rank + 1) * self.local), dtype)
+        self.experts = Experts(cfg, range(ep_rank * self.local, (ep_rank + 1) * self.local), dtype, etp)
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x [T, hidden]`` -> (fp32 probabilities ``[T, k]`` summing to 1, expert indices ``[T, k]``)."""
+    def route(self, x: torch.Tensor, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [T, hidden]`` (tokens ``first ..`` of the expert-TP group's) -> (fp32 probabilities
+        ``[T, k]`` summing to 1, expert indices ``[T, k]``)."""
         logits = self.router(x)
         if self.balanced_routing:
-            chosen = balanced_choice(x.shape[0], self.top_k, self.num_experts, x.device)
+            chosen = balanced_choice(x.shape[0], self.top_k, self.num_experts, x.device, first)
         else:
             chosen = logits.topk(self.top_k, dim=-1).indices
         probs = logits.softmax(-1).gather(1, chosen)
@@ -178,7 +194,13 @@ class MoELayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
-        probs, chosen = self.route(tokens)
+        probs, chosen = self.route(tokens, self.etp_rank * tokens.shape[0])
+        if self.etp > 1:  # the expert-TP group's tokens (its ranks' parts of the sequence, in order)
+            tokens, probs = sp.gather(tokens, self.etp_group), sp.gather(probs, self.etp_group)
+            if self.balanced_routing:
+                chosen = balanced_choice(tokens.shape[0], self.top_k, self.num_experts, x.device)
+            else:
+                chosen = sp.all_gather(chosen, self.etp_group)
         k, ep, local = self.top_k, self.ep, self.local
         order = torch.argsort(chosen.reshape(-1), stable=True)  # slots, expert-major
         rows = tokens.index_select(0, order // k)
@@ -199,5 +221,7 @@ class MoELayer(nn.Module):
             rows = all_to_all(rows, in_splits, out_splits, self.ep_group)
         weighted = rows.float() * probs.reshape(-1).index_select(0, order).unsqueeze(-1)
         inverse = torch.argsort(order)  # slot order again: token t's k outputs at t·k .. t·k+k-1
-        out = weighted.index_select(0, inverse).view(tokens.shape[0], k, -1).sum(1)
-        return out.to(x.dtype).view(shape)
+        out = weighted.index_select(0, inverse).view(tokens.shape[0], k, -1).sum(1).to(x.dtype)
+        if self.etp > 1:  # partial sums over the expert-TP ranks' ffn blocks -> this rank's tokens, summed
+            out = sp.reduce_scatter(out, self.etp_group)
+        return out.view(shape)

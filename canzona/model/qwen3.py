@@ -24,7 +24,8 @@ Layout (names and order equal ``canzona.inventory.build_inventory(cfg)``)::
 
 An MoE model (``cfg.moe``) has `canzona.model.moe.MoELayer` as each layer's ``mlp``: its
 ``router`` (replicated) and this EP rank's experts (``experts.linear_fc1.weight<e>`` /
-``linear_fc2.weight<e>`` for its global experts e), whole on every TP rank (expert-TP 1). The
+``linear_fc2.weight<e>`` for its global experts e), whole on every TP rank (expert-TP 1) or
+split over the expert-TP group like the dense fc1/fc2 (expert-TP = TP). The
 model's params are then the *rank-local* inventory (`rank_inventory`): the dense params and the
 experts of its EP rank, in inventory order; values, full views and loading use each param's
 index in the full inventory, so they do not depend on ``ep``.
@@ -247,19 +248,20 @@ class Qwen3Model(nn.Module):
     b*s tokens of this rank's micro-batch (identical on all TP ranks), or the vocab-parallel
     logits ``[b, s, vocab/tp]`` when ``labels`` is None. ``sequence_parallel`` (with TP only, as
     in Megatron) splits the residual stream over the sequence (`canzona.model.sequence_parallel`).
-    An MoE model (`canzona.model.moe`) holds EP rank ``ep_rank``'s experts of ``ep``, whole
-    (``etp`` 1; `check_moe`); ``balanced_routing`` is `canzona.model.moe.MoELayer`'s.
+    An MoE model (`canzona.model.moe`) holds EP rank ``ep_rank``'s experts of ``ep``, split over
+    ``etp`` expert-TP ranks (1: whole; or TP, this rank ``etp_rank``; `check_moe`);
+    ``balanced_routing`` is `canzona.model.moe.MoELayer`'s.
     """
 
     def __init__(self, cfg: ModelConfig, tp: int, tp_rank: int, dtype: torch.dtype = torch.float32,
                  recompute: bool = False, sequence_parallel: bool = False, *, ep: int = 1, ep_rank: int = 0,
-                 etp: int = 1, balanced_routing: bool = False):
+                 etp: int = 1, etp_rank: int = 0, balanced_routing: bool = False):
         super().__init__()
         check_tp(cfg, tp)
         self.cfg, self.tp, self.tp_rank = cfg, tp, tp_rank
         self.sequence_parallel = sequence_parallel and tp > 1
         check_moe(cfg, tp, ep, etp, self.sequence_parallel)
-        self.ep, self.ep_rank = ep, ep_rank
+        self.ep, self.ep_rank, self.etp, self.etp_rank = ep, ep_rank, etp, etp_rank
         sp_group = _tp_group() if self.sequence_parallel else None
         self.sp_group = sp_group
         mp = ModelParallelConfig(
@@ -273,7 +275,9 @@ class Qwen3Model(nn.Module):
         moe = None
         if cfg.moe:
             ep_group = parallel_state.get_expert_model_parallel_group() if ep > 1 else None
-            moe = dict(ep=ep, ep_rank=ep_rank, ep_group=ep_group, balanced_routing=balanced_routing)
+            etp_group = parallel_state.get_expert_tensor_parallel_group() if etp > 1 else None
+            moe = dict(ep=ep, ep_rank=ep_rank, ep_group=ep_group, balanced_routing=balanced_routing, etp=etp,
+                       etp_rank=etp_rank, etp_group=etp_group)
         self.embedding = Embedding(cfg, mp, sp_group)
         self.decoder = Decoder(cfg, mp, tp, dtype, recompute, sp_group, moe)
         # Tied: no weight of its own; forward passes the embedding's [vocab/tp, hidden] shard.
@@ -305,9 +309,8 @@ class Qwen3Model(nn.Module):
         return list(self._index)
 
     def tp_split(self, spec: ParamSpec) -> tuple[int, int]:
-        """(ranks, this rank) that split ``spec`` along its ``tp_dim``: TP, or for an expert matrix
-        expert-TP, which is 1 here (experts whole on each TP rank)."""
-        return (1, 0) if spec.expert is not None else (self.tp, self.tp_rank)
+        """(ranks, this rank) that split ``spec`` along its ``tp_dim``: TP, or expert-TP for an expert."""
+        return (self.etp, self.etp_rank) if spec.expert is not None else (self.tp, self.tp_rank)
 
     def tp_partial_grad_params(self) -> list[tuple[str, nn.Parameter]]:
         """Replicated params whose grads are partial per TP rank (sum them over TP)."""
@@ -329,18 +332,17 @@ class Qwen3Model(nn.Module):
 
 def check_moe(cfg: ModelConfig, tp: int, ep: int, etp: int, sequence_parallel: bool) -> None:
     """Raise a one-line ConfigError unless the model can be built with these expert sizes: EP and
-    expert-TP must split the experts (`check_experts`); with TP an MoE model needs sequence
-    parallelism (Megatron requires it: each TP rank then routes its own part of the sequence) and,
-    for now, expert-TP 1 (experts whole on every TP rank; etp = tp is not built)."""
+    expert-TP must split the experts (`check_experts`; expert-TP is 1 or TP,
+    `canzona.layout.ExpertLayout.check`), and with TP an MoE model needs sequence parallelism
+    (Megatron requires it: each TP rank then routes its own part of the sequence)."""
     check_experts(cfg, ep, etp)
     if not cfg.moe:
         return
     if tp > 1 and not sequence_parallel:
         raise ConfigError(f"parallel.sequence_parallel=false with parallel.tp={tp}: the MoE model {cfg.name} needs "
                           f"parallel.sequence_parallel=true at TP > 1, as Megatron's MoE does")
-    if etp != 1:
-        raise ConfigError(f"parallel.etp={etp}: the MoE model keeps each expert whole on every TP rank; only "
-                          f"parallel.etp=1 is built")
+    if etp not in (1, tp):
+        raise ConfigError(f"parallel.etp={etp}: expert TP is 1 or parallel.tp={tp}")
 
 
 def rank_index(specs: list[ParamSpec], ep: int, ep_rank: int) -> list[int]:
@@ -367,11 +369,12 @@ def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu", seed: i
     (`canzona.model.moe.MoELayer`)."""
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    experts = dict(ep=1, ep_rank=0, etp=1)
+    experts = dict(ep=1, ep_rank=0, etp=1, etp_rank=0)
     if cfg.moe:  # a dense model ignores the expert grid (Megatron's default etp is tp)
         experts = dict(ep=parallel_state.get_expert_model_parallel_world_size(),
                        ep_rank=parallel_state.get_expert_model_parallel_rank(),
-                       etp=parallel_state.get_expert_tensor_parallel_world_size())
+                       etp=parallel_state.get_expert_tensor_parallel_world_size(),
+                       etp_rank=parallel_state.get_expert_tensor_parallel_rank())
     model = Qwen3Model(cfg, tp, tp_rank, dtype, recompute, sequence_parallel, **experts,
                        balanced_routing=balanced_routing)
     if not init:
@@ -451,26 +454,34 @@ def init_full_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]
 
 # ---------------------------------------------------------------------------------------------
 # Full (unsharded) views, for tests and parity checks. They all-gather over the TP group, and an
-# MoE model's experts over the EP group, so a full dict has every param of the full inventory.
+# MoE model's experts over the expert-TP group, then the EP group, so a full dict has every param of the full inventory.
+
+
+def _gather_cat(local: torch.Tensor, spec: ParamSpec, tp: int, group) -> torch.Tensor:
+    """``local`` of every rank of ``group`` (``tp`` ranks) concatenated along ``spec.tp_dim``, on its device."""
+    if spec.tp_dim is None or tp == 1:
+        return local.detach().clone()
+    parts = [torch.empty_like(local) for _ in range(tp)]
+    dist.all_gather(parts, local.detach().contiguous(), group=group)
+    return torch.cat(parts, dim=spec.tp_dim)
 
 
 def _gather_full(local: torch.Tensor, spec: ParamSpec, tp: int, group) -> torch.Tensor:
-    if spec.tp_dim is None or tp == 1:
-        return local.detach().clone().cpu()
-    parts = [torch.empty_like(local) for _ in range(tp)]
-    dist.all_gather(parts, local.detach().contiguous(), group=group)
-    return torch.cat(parts, dim=spec.tp_dim).cpu()
+    return _gather_cat(local, spec, tp, group).cpu()
 
 
 def _gather_experts(model: Qwen3Model, local: torch.Tensor, spec: ParamSpec) -> dict[str, torch.Tensor]:
-    """Expert ``spec``'s tensor from every EP rank: EP rank j holds, at the same place, the expert
-    ``j·E/ep`` further on than this rank's first, so its name differs only in the index."""
+    """Expert ``spec``'s full tensor (gathered over expert-TP) from every EP rank: EP rank j holds,
+    at the same place, the expert ``j·E/ep`` further on than this rank's first, so its name
+    differs only in the index."""
     per_rank = model.cfg.num_experts // model.ep
     first = spec.expert - model.ep_rank * per_rank
-    parts = [local.detach().clone()]
+    etp_group = parallel_state.get_expert_tensor_parallel_group() if model.etp > 1 else None
+    parts = [_gather_cat(local, spec, model.etp, etp_group)]
     if model.ep > 1:
-        parts = [torch.empty_like(local) for _ in range(model.ep)]
-        dist.all_gather(parts, local.detach().contiguous(), group=parallel_state.get_expert_model_parallel_group())
+        whole = parts[0]
+        parts = [torch.empty_like(whole) for _ in range(model.ep)]
+        dist.all_gather(parts, whole, group=parallel_state.get_expert_model_parallel_group())
     stem = spec.name[: -len(str(spec.expert))]
     return {f"{stem}{first + j * per_rank}": t.cpu() for j, t in enumerate(parts)}
 

@@ -5,19 +5,20 @@ inventory (dense params and its EP rank's experts); its init and full views do n
 ``ep``; each rank's loss and gradients under EP equal the single-process ep=1 model's on that
 rank's rows; an EP rank whose experts get no tokens still gets (zero) gradients for them.
 
-Layouts: world 2 (dp=2, ep=2), world 4 (dp=4, ep=2: expert-DP 2) and world 4 (dp=2, tp=2, ep=2,
+Layouts: world 2 (dp=2, ep=2), world 4 (dp=4, ep=2: expert-DP 2), world 4 (dp=2, tp=2, ep=2,
 etp=1, sequence parallel: the EP groups are then the TP groups, each TP rank dispatching its half
-of the sequence). The reference is every rank again at tp=1, ep=1 (the whole model on one rank)
+of the sequence) and world 4 (dp=2, tp=2, ep=2, etp=2, sequence parallel: experts split over TP,
+each EP group one TP rank of both DP ranks). The reference is every rank again at tp=1, ep=1 (the whole model on one rank)
 on the same rows; an expert sees the tokens of every rank of its EP group, so its gradient is the
 sum of the reference gradients of the distinct batches (DP ranks) of that EP group.
 
 Tolerance (relative, fp32): the layouts compute the same fp32 arithmetic in other groupings only
-(an expert's matmul over the rows of two ranks instead of one, attention heads and vocabulary
-split over TP, two ranks' gradients summed), so they differ by rounding: each dot product of
-length n <= 64 (hidden) to 128 (tokens) is off by at most about n·2⁻²⁴ ≈ 8e-6 relative and
-typically sqrt(n)·2⁻²⁴ ≈ 7e-7, through two layers and the softmaxes. 1e-5 on the loss and
-2e-5 on each gradient's norm hold that with room, while a wrong routing, a missing token or a
-gradient counted twice moves them by 1e-2 or more (the weights are far from the init,
+(an expert's matmul over the rows of two ranks instead of one; attention heads, vocabulary and
+experts' ffn split over TP; two ranks' gradients summed), so they differ by rounding: each dot
+product of length n <= 64 (hidden) to 128 (tokens) is off by at most about n·2⁻²⁴ ≈ 8e-6
+relative and typically sqrt(n)·2⁻²⁴ ≈ 7e-7, through two layers and the softmaxes. 1e-5 on the
+loss and 2e-5 on each gradient's norm hold that with room (measured: at most 1e-7 and 3e-6),
+while a wrong routing, a missing token or a gradient counted twice moves them by 1e-2 or more (the weights are far from the init,
 `test_model.rich_weights`). Routing itself is the same on every layout: the router logits only
 differ by rounding and no two of a token's top logits are that close here (a flipped choice
 would show as a loss difference far above the tolerance).
@@ -44,9 +45,10 @@ MICRO = 2
 LOSS_TOL = 1e-5
 GRAD_TOL = 2e-5
 # (dp, tp, ep, etp) of the EP runs per world size, and of the layouts only Megatron's groups are
-# checked at (dense defaults, and etp = tp, which the model does not build)
-RUNS = {2: {"dp2_ep2": (2, 1, 2, 1)}, 4: {"dp4_ep2": (4, 1, 2, 1), "dp2_tp2_ep2_etp1": (2, 2, 2, 1)}}
-GROUPS_ONLY = {2: [(2, 1, 1, 1)], 4: [(4, 1, 1, 1), (2, 2, 1, 2), (2, 2, 2, 2)]}
+# checked at (the dense defaults)
+RUNS = {2: {"dp2_ep2": (2, 1, 2, 1)},
+        4: {"dp4_ep2": (4, 1, 2, 1), "dp2_tp2_ep2_etp1": (2, 2, 2, 1), "dp2_tp2_ep2_etp2": (2, 2, 2, 2)}}
+GROUPS_ONLY = {2: [(2, 1, 1, 1)], 4: [(4, 1, 1, 1), (2, 2, 1, 2)]}
 
 
 def _groups(ctx) -> dict:
@@ -195,7 +197,8 @@ def test_moe_model_refusals():
 
     check_moe(CFG, 2, 2, 1, True)
     check_moe(model_config("qwen3-0.6b"), 2, 1, 2, False)  # dense: the expert grid's defaults are fine
-    for args, match in [((2, 2, 1, False), "sequence_parallel"), ((2, 2, 2, True), r"parallel\.etp=2"),
+    check_moe(CFG, 2, 2, 2, True)
+    for args, match in [((2, 2, 1, False), "sequence_parallel"), ((4, 2, 2, True), r"parallel\.etp=2"),
                         ((1, 3, 1, False), r"parallel\.ep=3"), ((1, 1, 5, False), r"parallel\.etp=5")]:
         with pytest.raises(ConfigError, match=match):
             check_moe(CFG, *args)
