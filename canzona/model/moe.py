@@ -191,6 +191,18 @@ class MoELayer(nn.Module):
         dist.all_to_all_single(received, counts, group=self.ep_group)
         return counts.tolist(), received.tolist()
 
+    def _run_experts(self, rows: torch.Tensor, received: list[int]) -> torch.Tensor:
+        """Each local expert on its rows from every EP peer; ``rows`` holds, per peer j and local
+        expert l, ``received[j·local + l]`` rows, and the output keeps that order."""
+        ep, local = self.ep, self.local
+        chunks = list(rows.split(received))
+        for lx in range(local):
+            mine = [j * local + lx for j in range(ep)]
+            out = self.experts(torch.cat([chunks[c] for c in mine]), lx)  # [0, hidden] when none came
+            for c, part in zip(mine, out.split([received[c] for c in mine])):
+                chunks[c] = part
+        return torch.cat(chunks)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
@@ -209,14 +221,7 @@ class MoELayer(nn.Module):
         out_splits = [sum(received[j * local : (j + 1) * local]) for j in range(ep)]
         if ep > 1:
             rows = all_to_all(rows, out_splits, in_splits, self.ep_group)
-        # rows: per EP peer j, per local expert l, received[j·local + l] rows
-        chunks = list(rows.split(received))
-        for lx in range(local):
-            mine = [j * local + lx for j in range(ep)]
-            out = self.experts(torch.cat([chunks[c] for c in mine]), lx)  # [0, hidden] when none came
-            for c, part in zip(mine, out.split([received[c] for c in mine])):
-                chunks[c] = part
-        rows = torch.cat(chunks)
+        rows = self._run_experts(rows, received)
         if ep > 1:
             rows = all_to_all(rows, in_splits, out_splits, self.ep_group)
         weighted = rows.float() * probs.reshape(-1).index_select(0, order).unsqueeze(-1)

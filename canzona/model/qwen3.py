@@ -26,7 +26,7 @@ An MoE model (``cfg.moe``) has `canzona.model.moe.MoELayer` as each layer's ``ml
 ``router`` (replicated) and this EP rank's experts (``experts.linear_fc1.weight<e>`` /
 ``linear_fc2.weight<e>`` for its global experts e), whole on every TP rank (expert-TP 1) or
 split over the expert-TP group like the dense fc1/fc2 (expert-TP = TP). The
-model's params are then the *rank-local* inventory (`rank_inventory`): the dense params and the
+model's params are then the *rank-local* inventory (`rank_index`): the dense params and the
 experts of its EP rank, in inventory order; values, full views and loading use each param's
 index in the full inventory, so they do not depend on ``ep``.
 
@@ -294,9 +294,9 @@ class Qwen3Model(nn.Module):
         if names != [s.name for s in self._specs]:
             raise AssertionError(f"parameter names {names} differ from the inventory")
         for (_, p), spec in zip(self.named_parameters(), self._specs):
-            if tuple(p.shape) != spec.local_shape(self.tp_split(spec)[0]):
-                raise AssertionError(f"{spec.name}: local shape {tuple(p.shape)} != "
-                                     f"{spec.local_shape(self.tp_split(spec)[0])}")
+            want = spec.local_shape(self.tp_split(spec)[0])
+            if tuple(p.shape) != want:
+                raise AssertionError(f"{spec.name}: local shape {tuple(p.shape)} != {want}")
 
     def param_specs(self) -> list[ParamSpec]:
         """This rank's inventory, aligned with ``named_parameters()``: ``build_inventory(cfg)``
