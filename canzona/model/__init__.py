@@ -10,6 +10,7 @@ from __future__ import annotations
 from canzona.lazy import exports
 
 _EXPORTS = {
+    "MoELayer": "moe",
     "Qwen3Model": "qwen3",
     "RMSNorm": "qwen3",
     "build_model": "qwen3",

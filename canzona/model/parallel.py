@@ -1,4 +1,4 @@
-"""Process-group setup for the model: torch.distributed world + Megatron's TP/DP groups.
+"""Process-group setup for the model: torch.distributed world + Megatron's TP/DP and expert groups.
 
 The same code runs on CPU/gloo and CUDA/NCCL. ``init_parallel`` reads the launch from the
 environment (`canzona.trial.env.launch_env`: torchrun's / submitit's variables, or Slurm's own
@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from canzona import dist_rules
 from canzona.errors import ConfigError
+from canzona.layout import ExpertLayout
 from canzona.net import free_port
 from canzona.trial.env import launch_env, local_device_index
 
@@ -56,20 +57,32 @@ class ParallelContext:
     device: torch.device
     tp_group: dist.ProcessGroup
     dp_group: dist.ProcessGroup
+    # Megatron's expert grid: global rank = etp_rank + etp * (ep_rank + ep * edp_rank)
+    ep: int
+    ep_rank: int
+    etp: int
+    etp_rank: int
+    edp: int
+    edp_rank: int
+    ep_group: dist.ProcessGroup
+    etp_group: dist.ProcessGroup
+    edp_group: dist.ProcessGroup
 
 
 def init_parallel(
-    tp: int, device: str = "cpu", timeout_s: float = 60.0, *, gloo_groups: bool = False
+    tp: int, device: str = "cpu", timeout_s: float = 60.0, *, gloo_groups: bool = False, ep: int = 1,
+    etp: int | None = None,
 ) -> ParallelContext:
     """Initialise the default process group (from the environment, if needed) and Megatron's
-    TP/DP groups.
+    TP/DP groups and expert groups.
 
     ``device`` is ``"cpu"`` (gloo) or ``"cuda"`` (one CUDA device per process, chosen by
     `canzona.trial.env.local_device_index`; groups ``cpu:gloo,cuda:nccl``); ``"gloo"`` and
     ``"nccl"`` are accepted as their aliases. ``gloo_groups`` asks Megatron for its extra gloo
     DP groups (only its distributed-optimizer checkpointing uses them). The chosen device is
-    declared to `canzona.dist_rules`. Call ``destroy_parallel`` before initialising again with
-    another ``tp``.
+    declared to `canzona.dist_rules`. ``ep`` expert-parallel ranks and ``etp`` expert-TP ranks
+    (None: ``tp``, Megatron's default; 1 or ``tp``, `canzona.layout.ExpertLayout.check`) lay out
+    the expert groups. Call ``destroy_parallel`` before initialising again with another ``tp``.
     """
     global _device
     kind = _ALIASES.get(device)
@@ -102,10 +115,13 @@ def init_parallel(
     world = dist.get_world_size()
     if not isinstance(tp, int) or tp < 1 or world % tp:
         raise ConfigError(f"parallel.tp={tp!r} must be a positive integer dividing world size {world}")
+    experts = ExpertLayout.check(world // tp, tp, ep, tp if etp is None else etp)
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tp,
+        expert_model_parallel_size=experts.ep,
+        expert_tensor_parallel_size=experts.etp,
         distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)),
         create_gloo_process_groups=gloo_groups,
     )
@@ -127,6 +143,15 @@ def current_context() -> ParallelContext:
         device=device,
         tp_group=parallel_state.get_tensor_model_parallel_group(),
         dp_group=parallel_state.get_data_parallel_group(),
+        ep=parallel_state.get_expert_model_parallel_world_size(),
+        ep_rank=parallel_state.get_expert_model_parallel_rank(),
+        etp=parallel_state.get_expert_tensor_parallel_world_size(),
+        etp_rank=parallel_state.get_expert_tensor_parallel_rank(),
+        edp=parallel_state.get_expert_data_parallel_world_size(),
+        edp_rank=parallel_state.get_expert_data_parallel_rank(),
+        ep_group=parallel_state.get_expert_model_parallel_group(),
+        etp_group=parallel_state.get_expert_tensor_parallel_group(),
+        edp_group=parallel_state.get_expert_data_parallel_group(),
     )
 
 

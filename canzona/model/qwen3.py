@@ -1,4 +1,4 @@
-"""Qwen3 dense decoder built from megatron-core tensor-parallel layers.
+"""Qwen3 decoder (dense or MoE) built from megatron-core tensor-parallel layers.
 
 One code path for CPU/gloo and CUDA/NCCL: the layers are allocated on the CPU
 (``use_cpu_initialization``), filled from TP-independent seeded full tensors, then moved to
@@ -22,6 +22,14 @@ Layout (names and order equal ``canzona.inventory.build_inventory(cfg)``)::
     decoder.final_layernorm              RMSNorm (replicated)
     output_layer                         ColumnParallelLinear (absent when tied: uses the embedding)
 
+An MoE model (``cfg.moe``) has `canzona.model.moe.MoELayer` as each layer's ``mlp``: its
+``router`` (replicated) and this EP rank's experts (``experts.linear_fc1.weight<e>`` /
+``linear_fc2.weight<e>`` for its global experts e), whole on every TP rank (expert-TP 1) or
+split over the expert-TP group like the dense fc1/fc2 (expert-TP = TP). The
+model's params are then the *rank-local* inventory (`rank_index`): the dense params and the
+experts of its EP rank, in inventory order; values, full views and loading use each param's
+index in the full inventory, so they do not depend on ``ep``.
+
 Gradients of the q/k-norm weights are *partial* on each TP rank (each rank normalises only
 its own heads); the model leaves them so, the executor sums them over the TP group
 (``ParamSpec.tp_grad_allreduce``; ``reduce_tp_partial_grads`` does it for tests).
@@ -33,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import re
 import warnings
 from collections.abc import Iterator
 
@@ -42,9 +51,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from canzona.inventory import ModelConfig, ParamSpec, build_inventory, check_tp
+from canzona.errors import ConfigError
+from canzona.inventory import ModelConfig, ParamSpec, build_inventory, check_experts, check_tp
 from canzona.model import fused
 from canzona.model import sequence_parallel as sp
+from canzona.model.moe import MoELayer
 
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed" x4 on import
     warnings.simplefilter("ignore")
@@ -176,12 +187,13 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype, sp_group=None):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype, sp_group=None,
+                 moe: dict | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
         self.self_attention = SelfAttention(cfg, mp, tp, dtype, sp_group)
         self.pre_mlp_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
-        self.mlp = MLP(cfg, mp, sp_group)
+        self.mlp = MoELayer(cfg, dtype, **moe) if cfg.moe else MLP(cfg, mp, sp_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attention(self.input_layernorm(x))
@@ -213,9 +225,9 @@ class Decoder(nn.Module):
     The model has no dropout, so the recomputed forward is the same computation, bit for bit."""
 
     def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype,
-                 recompute: bool = False, sp_group=None):
+                 recompute: bool = False, sp_group=None, moe: dict | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg, mp, tp, dtype, sp_group) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, mp, tp, dtype, sp_group, moe) for _ in range(cfg.num_layers))
         self.final_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
         self.recompute = recompute
 
@@ -229,20 +241,27 @@ class Decoder(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    """Qwen3 dense decoder, tensor-parallel over Megatron's TP group.
+    """Qwen3 decoder, tensor-parallel over Megatron's TP group (and expert-parallel over its EP
+    group for an MoE model).
 
     ``forward(tokens [b, s], labels [b, s] | None)`` returns the mean cross-entropy over all
     b*s tokens of this rank's micro-batch (identical on all TP ranks), or the vocab-parallel
     logits ``[b, s, vocab/tp]`` when ``labels`` is None. ``sequence_parallel`` (with TP only, as
     in Megatron) splits the residual stream over the sequence (`canzona.model.sequence_parallel`).
+    An MoE model (`canzona.model.moe`) holds EP rank ``ep_rank``'s experts of ``ep``, split over
+    ``etp`` expert-TP ranks (1: whole; or TP, this rank ``etp_rank``; `check_moe`);
+    ``balanced_routing`` is `canzona.model.moe.MoELayer`'s.
     """
 
     def __init__(self, cfg: ModelConfig, tp: int, tp_rank: int, dtype: torch.dtype = torch.float32,
-                 recompute: bool = False, sequence_parallel: bool = False):
+                 recompute: bool = False, sequence_parallel: bool = False, *, ep: int = 1, ep_rank: int = 0,
+                 etp: int = 1, etp_rank: int = 0, balanced_routing: bool = False):
         super().__init__()
         check_tp(cfg, tp)
         self.cfg, self.tp, self.tp_rank = cfg, tp, tp_rank
         self.sequence_parallel = sequence_parallel and tp > 1
+        check_moe(cfg, tp, ep, etp, self.sequence_parallel)
+        self.ep, self.ep_rank, self.etp, self.etp_rank = ep, ep_rank, etp, etp_rank
         sp_group = _tp_group() if self.sequence_parallel else None
         self.sp_group = sp_group
         mp = ModelParallelConfig(
@@ -253,8 +272,14 @@ class Qwen3Model(nn.Module):
             sequence_parallel=False,
             gradient_accumulation_fusion=False,
         )
+        moe = None
+        if cfg.moe:
+            ep_group = parallel_state.get_expert_model_parallel_group() if ep > 1 else None
+            etp_group = parallel_state.get_expert_tensor_parallel_group() if etp > 1 else None
+            moe = dict(ep=ep, ep_rank=ep_rank, ep_group=ep_group, balanced_routing=balanced_routing, etp=etp,
+                       etp_rank=etp_rank, etp_group=etp_group)
         self.embedding = Embedding(cfg, mp, sp_group)
-        self.decoder = Decoder(cfg, mp, tp, dtype, recompute, sp_group)
+        self.decoder = Decoder(cfg, mp, tp, dtype, recompute, sp_group, moe)
         # Tied: no weight of its own; forward passes the embedding's [vocab/tp, hidden] shard.
         self.output_layer = ColumnParallelLinear(
             cfg.hidden, cfg.vocab, config=mp, init_method=_no_init, bias=False, gather_output=False,
@@ -262,17 +287,30 @@ class Qwen3Model(nn.Module):
         )
         if sp_group is not None:
             sp.install(self.output_layer, "column", sp_group)
-        self._specs = build_inventory(cfg, sequence_parallel=self.sequence_parallel)
+        self._full_specs = build_inventory(cfg, sequence_parallel=self.sequence_parallel)
+        self._index = rank_index(self._full_specs, ep, ep_rank)
+        self._specs = [self._full_specs[i] for i in self._index]
         names = [n for n, _ in self.named_parameters()]
         if names != [s.name for s in self._specs]:
             raise AssertionError(f"parameter names {names} differ from the inventory")
         for (_, p), spec in zip(self.named_parameters(), self._specs):
-            if tuple(p.shape) != spec.local_shape(tp):
-                raise AssertionError(f"{spec.name}: local shape {tuple(p.shape)} != {spec.local_shape(tp)}")
+            want = spec.local_shape(self.tp_split(spec)[0])
+            if tuple(p.shape) != want:
+                raise AssertionError(f"{spec.name}: local shape {tuple(p.shape)} != {want}")
 
     def param_specs(self) -> list[ParamSpec]:
-        """The inventory (``build_inventory(cfg)``), aligned with ``named_parameters()``."""
+        """This rank's inventory, aligned with ``named_parameters()``: ``build_inventory(cfg)``
+        for a dense model, its dense params and its EP rank's experts for an MoE one."""
         return list(self._specs)
+
+    def full_index(self) -> list[int]:
+        """Each param's index in the full inventory (``build_inventory(cfg)``), aligned with
+        ``param_specs()``: the index its seeded values are drawn by (`init_shard`)."""
+        return list(self._index)
+
+    def tp_split(self, spec: ParamSpec) -> tuple[int, int]:
+        """(ranks, this rank) that split ``spec`` along its ``tp_dim``: TP, or expert-TP for an expert."""
+        return (self.etp, self.etp_rank) if spec.expert is not None else (self.tp, self.tp_rank)
 
     def tp_partial_grad_params(self) -> list[tuple[str, nn.Parameter]]:
         """Replicated params whose grads are partial per TP rank (sum them over TP)."""
@@ -292,23 +330,59 @@ class Qwen3Model(nn.Module):
         return vocab_parallel_cross_entropy(logits.float(), labels).mean()
 
 
+def check_moe(cfg: ModelConfig, tp: int, ep: int, etp: int, sequence_parallel: bool) -> None:
+    """Raise a one-line ConfigError unless the model can be built with these expert sizes: EP and
+    expert-TP must split the experts (`check_experts`; expert-TP is 1 or TP,
+    `canzona.layout.ExpertLayout.check`), and with TP an MoE model needs sequence parallelism
+    (Megatron requires it: each TP rank then routes its own part of the sequence)."""
+    check_experts(cfg, ep, etp)
+    if not cfg.moe:
+        return
+    if tp > 1 and not sequence_parallel:
+        raise ConfigError(f"parallel.sequence_parallel=false with parallel.tp={tp}: the MoE model {cfg.name} needs "
+                          f"parallel.sequence_parallel=true at TP > 1, as Megatron's MoE does")
+    if etp not in (1, tp):
+        raise ConfigError(f"parallel.etp={etp}: expert TP is 1 or parallel.tp={tp}")
+
+
+def rank_index(specs: list[ParamSpec], ep: int, ep_rank: int) -> list[int]:
+    """Indices into the full inventory ``specs`` of the params EP rank ``ep_rank`` holds, in
+    order: every non-expert param and experts ``ep_rank·E/ep .. (ep_rank+1)·E/ep - 1`` of every
+    layer (the split `canzona.plan.experts.local_experts` plans; not imported from there, which
+    would load the whole planner with the model)."""
+    experts = [s.expert for s in specs if s.expert is not None]
+    per_rank = (max(experts) + 1) // ep if experts else 1
+    return [i for i, s in enumerate(specs) if s.expert is None or s.expert // per_rank == ep_rank]
+
+
 def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu", seed: int = 0,
                 dtype: torch.dtype = torch.float32, init: bool = True, recompute: bool = False,
-                sequence_parallel: bool = False) -> Qwen3Model:
+                sequence_parallel: bool = False, balanced_routing: bool = False) -> Qwen3Model:
     """Build this rank's shard of the model with parameters (and so activations) in ``dtype``;
-    Megatron's TP groups must already exist (``canzona.model.parallel.init_parallel``). Values are
-    TP-independent (``init_shard``, rounded to ``dtype``). ``init=False`` leaves them as the layers
-    made them: for fake tensors (the dry run), whose values do not exist, drawing them is wasted time.
-    ``recompute``: recompute each decoder layer's activations in backward (`Decoder`);
-    ``sequence_parallel``: Megatron's sequence parallelism (with TP; `Qwen3Model`)."""
+    Megatron's TP (and, for an MoE model, expert) groups must already exist
+    (``canzona.model.parallel.init_parallel``). Values are TP- and EP-independent
+    (``init_shard`` by each param's full-inventory index, rounded to ``dtype``). ``init=False``
+    leaves them as the layers made them: for fake tensors (the dry run), whose values do not
+    exist, drawing them is wasted time. ``recompute``: recompute each decoder layer's
+    activations in backward (`Decoder`); ``sequence_parallel``: Megatron's sequence parallelism
+    (with TP; `Qwen3Model`); ``balanced_routing``: MoE split sizes independent of the data
+    (`canzona.model.moe.MoELayer`)."""
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    model = Qwen3Model(cfg, tp, tp_rank, dtype, recompute, sequence_parallel)
+    experts = dict(ep=1, ep_rank=0, etp=1, etp_rank=0)
+    if cfg.moe:  # a dense model ignores the expert grid (Megatron's default etp is tp)
+        experts = dict(ep=parallel_state.get_expert_model_parallel_world_size(),
+                       ep_rank=parallel_state.get_expert_model_parallel_rank(),
+                       etp=parallel_state.get_expert_tensor_parallel_world_size(),
+                       etp_rank=parallel_state.get_expert_tensor_parallel_rank())
+    model = Qwen3Model(cfg, tp, tp_rank, dtype, recompute, sequence_parallel, **experts,
+                       balanced_routing=balanced_routing)
     if not init:
         return _move_params(model, torch.device(device))
     with torch.no_grad():
-        for idx, ((_, p), spec) in enumerate(zip(model.named_parameters(), model.param_specs())):
-            p.copy_(init_shard(spec, idx, seed=seed, num_layers=cfg.num_layers, tp=tp, tp_rank=tp_rank))
+        for idx, (_, p), spec in zip(model.full_index(), model.named_parameters(), model.param_specs()):
+            split, rank = model.tp_split(spec)
+            p.copy_(init_shard(spec, idx, seed=seed, num_layers=cfg.num_layers, tp=split, tp_rank=rank))
     return _move_params(model, torch.device(device))
 
 
@@ -336,8 +410,8 @@ def _chunk_seed(seed: int, idx: int, chunk: int) -> int:
 
 
 def _init_std(spec: ParamSpec, num_layers: int) -> float:
-    # Megatron's scaled init for the residual output projections.
-    if spec.name.endswith(("linear_proj.weight", "linear_fc2.weight")):
+    # Megatron's scaled init for the residual output projections (an expert's fc2 too).
+    if re.search(r"\.linear_(proj|fc2)\.weight\d*$", spec.name):
         return INIT_STD / math.sqrt(2.0 * num_layers)
     return INIT_STD
 
@@ -345,8 +419,8 @@ def _init_std(spec: ParamSpec, num_layers: int) -> float:
 def init_shard(spec: ParamSpec, idx: int, *, seed: int, num_layers: int, tp: int = 1, tp_rank: int = 0) -> torch.Tensor:
     """This rank's shard of the seeded full tensor of param ``idx`` of the inventory (CPU, fp32).
 
-    Norm weights are ones. Matrices are N(0, std²) (std 0.02; linear_proj/fc2 scaled by
-    1/sqrt(2·layers)), generated in row chunks, chunk c from a generator seeded by
+    Norm weights are ones. Matrices are N(0, std²) (std 0.02; linear_proj/fc2, experts' fc2
+    too, scaled by 1/sqrt(2·layers)), generated in row chunks, chunk c from a generator seeded by
     sha256(seed, idx, c): the full tensor does not depend on ``tp``.
     """
     if len(spec.shape) == 1:
@@ -379,39 +453,70 @@ def init_full_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]
 
 
 # ---------------------------------------------------------------------------------------------
-# Full (unsharded) views, for tests and parity checks. They all-gather over the TP group.
+# Full (unsharded) views, for tests and parity checks. They all-gather over the TP group, and an
+# MoE model's experts over the expert-TP group, then the EP group, so a full dict has every param of the full inventory.
+
+
+def _gather_cat(local: torch.Tensor, spec: ParamSpec, tp: int, group) -> torch.Tensor:
+    """``local`` of every rank of ``group`` (``tp`` ranks) concatenated along ``spec.tp_dim``, on its device."""
+    if spec.tp_dim is None or tp == 1:
+        return local.detach().clone()
+    parts = [torch.empty_like(local) for _ in range(tp)]
+    dist.all_gather(parts, local.detach().contiguous(), group=group)
+    return torch.cat(parts, dim=spec.tp_dim)
 
 
 def _gather_full(local: torch.Tensor, spec: ParamSpec, tp: int, group) -> torch.Tensor:
-    if spec.tp_dim is None or tp == 1:
-        return local.detach().clone().cpu()
-    parts = [torch.empty_like(local) for _ in range(tp)]
-    dist.all_gather(parts, local.detach().contiguous(), group=group)
-    return torch.cat(parts, dim=spec.tp_dim).cpu()
+    return _gather_cat(local, spec, tp, group).cpu()
+
+
+def _gather_experts(model: Qwen3Model, local: torch.Tensor, spec: ParamSpec) -> dict[str, torch.Tensor]:
+    """Expert ``spec``'s full tensor (gathered over expert-TP) from every EP rank: EP rank j holds,
+    at the same place, the expert ``j·E/ep`` further on than this rank's first, so its name
+    differs only in the index."""
+    per_rank = model.cfg.num_experts // model.ep
+    first = spec.expert - model.ep_rank * per_rank
+    etp_group = parallel_state.get_expert_tensor_parallel_group() if model.etp > 1 else None
+    parts = [_gather_cat(local, spec, model.etp, etp_group)]
+    if model.ep > 1:
+        whole = parts[0]
+        parts = [torch.empty_like(whole) for _ in range(model.ep)]
+        dist.all_gather(parts, whole, group=parallel_state.get_expert_model_parallel_group())
+    stem = spec.name[: -len(str(spec.expert))]
+    return {f"{stem}{first + j * per_rank}": t.cpu() for j, t in enumerate(parts)}
+
+
+def _full_views(model: Qwen3Model, local: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """name -> full tensor of ``local`` (aligned with ``param_specs()``), in full-inventory order."""
+    group = parallel_state.get_tensor_model_parallel_group()
+    out: dict[str, torch.Tensor] = {}
+    for t, s in zip(local, model.param_specs()):
+        if s.expert is None:
+            out[s.name] = _gather_full(t, s, model.tp, group)
+        else:
+            out.update(_gather_experts(model, t, s))
+    return {s.name: out[s.name] for s in build_inventory(model.cfg)}
 
 
 def full_state_dict(model: Qwen3Model) -> dict[str, torch.Tensor]:
-    """name -> full tensor (CPU), gathered over the TP group along each param's ``tp_dim``.
-    Collective: every TP rank must call it."""
-    group = parallel_state.get_tensor_model_parallel_group()
-    return {
-        n: _gather_full(p.data, s, model.tp, group)
-        for (n, p), s in zip(model.named_parameters(), model.param_specs())
-    }
+    """name -> full tensor (CPU), gathered over the TP group along each param's ``tp_dim`` and,
+    for experts, over the EP group. Collective: every rank of those groups must call it."""
+    return _full_views(model, [p.data for p in model.parameters()])
 
 
 def full_grad_dict(model: Qwen3Model, *, reduce_partial: bool = True) -> dict[str, torch.Tensor]:
     """name -> full gradient (CPU). With ``reduce_partial`` the partial q/k-norm grads are summed
-    over TP first (on a copy; the model's grads are left as they are). Collective."""
+    over TP first (on a copy; the model's grads are left as they are). Experts' gradients are
+    this EP group's (not reduced over expert-DP). Collective."""
     group = parallel_state.get_tensor_model_parallel_group()
-    out = {}
-    for (n, p), s in zip(model.named_parameters(), model.param_specs()):
+    grads = []
+    for p, s in zip(model.parameters(), model.param_specs()):
         g = p.grad if p.grad is not None else torch.zeros_like(p)
         if reduce_partial and s.tp_grad_allreduce and model.tp > 1:
             g = g.detach().clone()
             dist.all_reduce(g, group=group)
-        out[n] = _gather_full(g, s, model.tp, group)
-    return out
+        grads.append(g)
+    return _full_views(model, grads)
 
 
 def reduce_tp_partial_grads(model: Qwen3Model) -> None:
@@ -425,20 +530,22 @@ def reduce_tp_partial_grads(model: Qwen3Model) -> None:
 
 
 def load_full_state_dict(model: Qwen3Model, full: dict[str, torch.Tensor]) -> None:
-    """Copy this rank's shard of each full tensor into the model (no communication)."""
-    specs = model.param_specs()
-    missing = [s.name for s in specs if s.name not in full]
-    extra = sorted(set(full) - {s.name for s in specs})
+    """Copy this rank's shard of each full tensor (every param of the full inventory, all
+    experts included) into the model (no communication)."""
+    names = [s.name for s in build_inventory(model.cfg)]
+    missing = [n for n in names if n not in full]
+    extra = sorted(set(full) - set(names))
     if missing or extra:
         raise KeyError(f"full state dict mismatch: missing {missing}, unexpected {extra}")
     with torch.no_grad():
-        for (n, p), s in zip(model.named_parameters(), specs):
+        for (n, p), s in zip(model.named_parameters(), model.param_specs()):
             t = full[n]
             if tuple(t.shape) != s.shape:
                 raise ValueError(f"{n}: full shape {tuple(t.shape)} != {s.shape}")
-            if s.tp_dim is not None:
-                size = s.shape[s.tp_dim] // model.tp
-                t = t.narrow(s.tp_dim, model.tp_rank * size, size)
+            split, rank = model.tp_split(s)
+            if s.tp_dim is not None and split > 1:
+                size = s.shape[s.tp_dim] // split
+                t = t.narrow(s.tp_dim, rank * size, size)
             p.copy_(t)
 
 

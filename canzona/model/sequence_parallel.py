@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 
-def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
+def all_gather(x: torch.Tensor, group) -> torch.Tensor:
+    """``[n, ...]`` of every rank of ``group`` concatenated along dim 0 (not differentiable)."""
     world = dist.get_world_size(group)
     out = torch.empty((x.shape[0] * world, *x.shape[1:]), dtype=x.dtype, device=x.device)
     (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x.contiguous(), group=group)
@@ -38,17 +39,19 @@ def _reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
-class _ReduceScatter(torch.autograd.Function):
-    """Sum the TP ranks' partial ``[s, ...]`` and keep this rank's ``[s/tp, ...]``; backward all-gathers."""
+class _SequenceCollective(torch.autograd.Function):
+    """``gather``: all-gather ``[s/tp, ...]`` to ``[s, ...]``, backward reduce-scatters (sums the
+    TP ranks' partial gradients, keeps this rank's slice); otherwise the reverse: sum the TP ranks'
+    partial ``[s, ...]`` and keep this rank's ``[s/tp, ...]``, backward all-gathers."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
-        ctx.group = group
-        return _reduce_scatter(x, group)
+    def forward(ctx, x: torch.Tensor, group, gather: bool) -> torch.Tensor:
+        ctx.group, ctx.gather = group, gather
+        return (all_gather if gather else _reduce_scatter)(x, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _all_gather(grad, ctx.group), None
+        return (_reduce_scatter if ctx.gather else all_gather)(grad, ctx.group), None, None
 
 
 class _GatherLinear(torch.autograd.Function):
@@ -59,20 +62,26 @@ class _GatherLinear(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, group) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.group = group
-        return F.linear(_all_gather(x, group), weight)
+        return F.linear(all_gather(x, group), weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors
         grad_total = grad.matmul(weight)
-        total = _all_gather(x, ctx.group)
+        total = all_gather(x, ctx.group)
         grad_weight = grad.reshape(-1, grad.shape[-1]).t().matmul(total.reshape(-1, total.shape[-1]))
         return _reduce_scatter(grad_total, ctx.group), grad_weight, None
 
 
 def reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
     """Leaving a row-parallel region: partial ``[s, b, h]`` -> summed ``[s/tp, b, h]``."""
-    return _ReduceScatter.apply(x, group)
+    return _SequenceCollective.apply(x, group, False)
+
+
+def gather(x: torch.Tensor, group) -> torch.Tensor:
+    """Entering a region that needs the whole sequence, whose gradient is partial per TP rank:
+    ``[s/tp, ...]`` -> ``[s, ...]``."""
+    return _SequenceCollective.apply(x, group, True)
 
 
 def gather_linear(x: torch.Tensor, weight: torch.Tensor, group) -> torch.Tensor:
