@@ -307,6 +307,16 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     return cfg
 
 
+def check_runnable(cfg: TrialConfig) -> None:
+    """What building the model needs beyond planning it, as a one-line ConfigError: an MoE model
+    at TP > 1 runs with sequence parallelism only (Megatron's MoE requires it; each TP rank then
+    routes its own part of the sequence). Planning alone takes either."""
+    if cfg.model_cfg().moe and cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
+        raise ConfigError(f"parallel.sequence_parallel=false with parallel.tp={cfg.parallel.tp}: the MoE model "
+                          f"{cfg.model.name} runs at TP > 1 with parallel.sequence_parallel=true only, as Megatron's "
+                          f"MoE does")
+
+
 def dry_run_ranks(value: Any, world: int) -> list[int]:
     """``dist.dry_run_ranks`` (a comma-separated string or a list) as the sorted distinct ranks
     of a ``world``-rank job; ConfigError if a part is not one of its ranks."""

@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if summary is not None:
         print(
-            f"{cfg.method.label} {cfg.optimizer.name} dp={cfg.parallel.dp} tp={cfg.parallel.tp}: "
+            f"{cfg.method.label} {cfg.optimizer.name} dp={cfg.parallel.dp} tp={cfg.parallel.tp}"
+            f"{f' ep={cfg.parallel.ep}' if cfg.parallel.ep > 1 else ''}: "
             f"iteration {summary['iteration_ms_median']:.1f} ms, optimizer step {summary['optimizer_step_ms_median']:.1f} ms "
             f"(median of {cfg.train.steps}); records in {out}"
         )

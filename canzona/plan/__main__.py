@@ -121,7 +121,8 @@ def render_table(cfg: TrialConfig, plan: Plan, m: PlanMetrics, path: CriticalPat
     if plan.experts is not None:
         from canzona.plan.expert_report import render_experts
 
-        lines.insert(2, "dense params only in the imbalance and the rank table below (counted programs); experts after them")
+        lines.insert(2, "dense and expert params in the imbalance and the rank table below (counted programs); the "
+                        "expert buffer's buckets after them")
         lines += render_experts(plan)
     return "\n".join(lines)
 
@@ -147,11 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg, args = parse_cli(argv, flags=("--json",), options=("--program",))
-        plan = make_plan(cfg, experts=True)
+        plan = make_plan(cfg)
         rank = _program_rank(args.options.get("--program"), plan.rank_layout.world)
-        if rank is not None and plan.experts is not None:
-            raise ConfigError(f"--program with model={cfg.model.name}: lowering MoE experts to per-rank programs "
-                              f"is not supported yet")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

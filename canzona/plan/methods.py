@@ -61,21 +61,13 @@ def expert_plan_inputs(cfg: TrialConfig, cost_model: CostModel) -> ExpertInputs 
                          optimizers.get(cfg.optimizer.name).matrix, plan_settings(cfg))
 
 
-def make_plan(cfg: TrialConfig, device: str | None = None, cost_model: CostModel | None = None, *,
-              experts: bool = False) -> Plan:
+def make_plan(cfg: TrialConfig, device: str | None = None, cost_model: CostModel | None = None) -> Plan:
     """Plan one trial for a device kind (``cpu``/``cuda``; default: what ``dist.device`` means
     on this machine) with ``cost_model`` (default: `canzona.cost.select_cost_model`'s for that
-    device).
-
-    An MoE model's experts are planned only when ``experts`` is asked for (the planner CLI):
-    lowering, running, simulating and dry-running expert params is not built yet, so every other
-    caller gets a one-line refusal here rather than a plan that leaves the experts out."""
+    device); an MoE model's expert buffer too (`Plan.experts`)."""
     from canzona.cost import select_cost_model
     from canzona.devices import trial_device
 
-    if cfg.model_cfg().moe and not experts:
-        raise ConfigError(f"model={cfg.model.name} is a mixture-of-experts model: MoE is planned only "
-                          f"(python -m canzona.plan); running, simulating or dry-running it is not supported yet")
     device = device or trial_device(cfg)
     model = cost_model or select_cost_model(cfg, device)
     plan = compose(plan_inputs(cfg, model), cfg.method.dp, cfg.method.tp)
@@ -83,3 +75,12 @@ def make_plan(cfg: TrialConfig, device: str | None = None, cost_model: CostModel
     if moe is not None:
         plan = replace(plan, experts=plan_experts(moe, cfg.method.dp, cfg.method.tp))
     return replace(plan, execution=Execution.from_config(cfg, device), cost_source=model.source)
+
+
+def refuse_moe(cfg: TrialConfig, what: str) -> None:
+    """A one-line `ConfigError` for what MoE models do not support yet (``what``: simulating,
+    dry-running): the simulator prices no token dispatch and the fake-device dry run builds no
+    balanced-routing model yet, and a figure without them would leave the experts' traffic out."""
+    if cfg.model_cfg().moe:
+        raise ConfigError(f"model={cfg.model.name} is a mixture-of-experts model: {what} it is not supported yet "
+                          f"(planning and running are: python -m canzona.plan, python -m canzona.run)")

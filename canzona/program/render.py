@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from canzona.plan.experts import rank_space
 from canzona.program.actions import (
     COMM_TYPES,
     DTYPE_BYTES,
@@ -37,13 +38,14 @@ def _comm(a) -> str:
             f"out {_mb(got, dtype)}  {dtype}  ({a.phase})")
 
 
-def _items(plan, items) -> str:
-    names = [plan.params[i].name for i in items]
+def _items(params, items) -> str:
+    names = [params[i].name for i in items]
     shown = ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
     return shown
 
 
 def render_program(plan, program: Program) -> str:
+    params = rank_space(plan, program.rank).params  # an MoE rank's experts after the dense params
     lines = [
         f"rank {program.rank} (dp {program.dp_rank}, tp {program.tp_rank}) of dp={program.dp} tp={program.tp}  "
         f"method={plan.method}  {len(program.actions)} actions, {len(program.calls())} collective calls per iteration",
@@ -71,7 +73,7 @@ def render_program(plan, program: Program) -> str:
             text = f"wait   {tags}  ({a.phase})"
         elif isinstance(a, Compute):
             src = f" from {a.source}" if a.source else " from local gradients"
-            text = f"compute {a.tag:<21} {len(a.items)} matrices{src}: {_items(plan, a.items)}"
+            text = f"compute {a.tag:<21} {len(a.items)} matrices{src}: {_items(params, a.items)}"
         elif isinstance(a, Apply):
             cut = f", {len(a.slice_tp)} cut to this TP shard" if a.slice_tp else ""
             text = f"apply  {a.tag:<22} {len(a.items)} params from {a.source}{cut}"

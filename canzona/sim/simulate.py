@@ -53,8 +53,9 @@ def simulate(cfg: TrialConfig, hardware: Any, plan: Plan | None = None) -> Progr
     with the ratio of its mean number of busy ranks (from the first pass) to the cores.
     """
     from canzona.cost import select_cost_model
-    from canzona.plan.methods import make_plan
+    from canzona.plan.methods import make_plan, refuse_moe
 
+    refuse_moe(cfg, "simulating")
     hw = load_hardware(hardware)
     if plan is None:  # planned for the hardware's device, with its roofline where it is not this machine's
         kind = str(hw.device.get("kind", "cpu"))

@@ -31,8 +31,10 @@ def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     from canzona import dist_rules
+    from canzona.config import check_runnable
     from canzona.plan.methods import make_plan
 
+    check_runnable(cfg)
     plan = make_plan(cfg)  # invalid layouts fail here, before any process starts
     out.mkdir(parents=True, exist_ok=True)
     world = cfg.world_size

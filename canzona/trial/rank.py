@@ -8,6 +8,7 @@ rows on rank 0 and writes the records.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
     dist_rules.install_from_env()
     torch.set_num_threads(threads_per_rank(cfg, local_world))
     kind = trial_device(cfg, required=True)
-    ctx = init_parallel(cfg.parallel.tp, kind, cfg.dist.timeout_s)
+    ctx = init_parallel(cfg.parallel.tp, kind, cfg.dist.timeout_s, ep=cfg.parallel.ep, etp=cfg.expert_tp)
     try:
         if plan is None:  # rank 0's plan (its calibration, its costs) on every rank
             plan = shared_plan(cfg, kind, ctx.rank, torch.get_num_threads())
@@ -55,15 +56,13 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
             if ctx.rank == 0:
                 atomic_torch_save(full, Path(cfg.save_params))
         gathered: list[Any] = [None] * ctx.world
-        report = {"rows": rows, "peak_mb": peak_mb, "computed": sorted(runtime.computed)}
+        space = runtime.space  # an MoE rank's indices number its own experts: report names
+        report = {"rows": rows, "peak_mb": peak_mb, "computed": [space.params[i].name for i in sorted(runtime.computed)]}
         dist.all_gather_object(gathered, report)  # over the gloo half of the groups
         if ctx.rank != 0:
             return None
         all_rows = sorted((r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"]))
-        owners = [0] * len(plan.params)  # how many ranks computed each matrix's full update
-        for g in gathered:
-            for i in g["computed"]:
-                owners[i] += 1
+        owners = Counter(n for g in gathered for n in g["computed"])  # ranks computing each full update
         summary = summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, owners)
         summary["program_check"] = check = program_check(programs, all_rows)
         write_records(out, cfg.to_dict(), all_rows, summary, trace=chrome_trace(all_rows))

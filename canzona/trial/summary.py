@@ -26,10 +26,16 @@ def quantiles(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), q[0], q[-1]
 
 
+def matrix_names(plan: Any) -> list[str]:
+    """The params the matrix rule updates: the dense plan's, then every EP rank's experts'."""
+    plans = [plan, *(plan.experts.plans if plan.experts is not None else ())]
+    return [p.params[i].name for p in plans for i in range(len(p.params)) if p.uses_matrix_rule(i)]
+
+
 def summarise(cfg: TrialConfig, plan: Any, metrics: Any, rows: list[dict[str, Any]], peak_mb: list[float],
               ctx: Any, owned: Any) -> dict[str, Any]:
     """The summary of a trial from every rank's rows (``ctx``: rank 0's `ParallelContext`;
-    ``owned``: per parameter, how many ranks computed its full update)."""
+    ``owned``: per parameter name, how many ranks computed its full update)."""
     import torch
 
     measured = [r for r in rows if r["measured"]]
@@ -41,12 +47,13 @@ def summarise(cfg: TrialConfig, plan: Any, metrics: Any, rows: list[dict[str, An
         per_step = [max(r[key] for r in rs) for rs in by_step.values()]  # max over ranks
         med, p10, p90 = quantiles(per_step)
         out.update({f"{key}_median": med, f"{key}_p10": p10, f"{key}_p90": p90})
-    matrix_owned = [int(owned[i]) for i in range(len(plan.params)) if plan.uses_matrix_rule(i)]
+    matrix_owned = [int(owned.get(name, 0)) for name in matrix_names(plan)]
     out.update(
         {
             "peak_memory_mb": peak_mb,
             "world": {"world_size": ctx.world, "dp": ctx.dp, "tp": ctx.tp, "backend": ctx.backend,
-                      "device": str(ctx.device.type), "nccl_rules": dist_rules.installed()},
+                      "device": str(ctx.device.type), "nccl_rules": dist_rules.installed(),
+                      **({"ep": ctx.ep, "etp": ctx.etp} if plan.experts is not None else {})},
             "plan": plan_record(plan, metrics),
             "matrix_owner_counts": {"min": min(matrix_owned, default=0), "max": max(matrix_owned, default=0)},
             "final_loss": measured[-1]["loss"] if measured else None,

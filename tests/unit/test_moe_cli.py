@@ -1,5 +1,5 @@
 """``python -m canzona.plan`` on an MoE model: every expert matrix once in ``--json`` with its
-owner, the expert buckets and their imbalance in the text; lowering experts refused in one line."""
+owner, the expert buckets and their imbalance in the text; an MoE rank's program with its expert actions; simulating refused in one line."""
 
 from __future__ import annotations
 
@@ -34,16 +34,16 @@ def test_text_shows_expert_buckets_and_imbalance(capsys: pytest.CaptureFixture[s
     assert "expert imbalance over each expert-DP group" in out and "widest shard" in out
 
 
-def test_program_of_an_moe_rank_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*SMALL, "--program", "0"]) == 2
+def test_program_of_an_moe_rank_shows_its_expert_actions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SMALL, "--program", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "expert grad_reduce b0" in out and "edp" in out and "mlp.experts.linear_fc1.weight" in out
+
+
+def test_simulating_an_moe_trial_is_refused_before_anything_is_written(tmp_path, capsys) -> None:
+    from canzona.sim.simulate import main as sim_main
+
+    out = tmp_path / "sim"
+    assert sim_main([*SMALL, f"out={out}"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "not supported yet" in err and "\n" not in err
-
-
-def test_running_an_moe_trial_is_refused_before_anything_starts(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    from canzona.run import main as run_main
-
-    out = tmp_path / "trial"
-    assert run_main([*SMALL, f"out={out}"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "not supported yet" in err and "\n" not in err and not out.exists()
+    assert "simulating it is not supported yet" in err and "\n" not in err and not out.exists()

@@ -9,7 +9,6 @@ import pytest
 
 from canzona.config import TrialConfig, load_config
 from canzona.cost import make_cost_model
-from canzona.errors import ConfigError
 from canzona.inventory import build_inventory
 from canzona.plan.methods import make_plan
 from canzona.plan.rank_loads import expert_rank_loads, plan_loads, step_loads
@@ -28,7 +27,7 @@ def _config(overrides: list[str], method: str) -> TrialConfig:
 
 
 def _plan(cfg: TrialConfig) -> Plan:
-    return make_plan(cfg, device="cpu", cost_model=make_cost_model("flops", cfg.optimizer.name), experts=True)
+    return make_plan(cfg, device="cpu", cost_model=make_cost_model("flops", cfg.optimizer.name))
 
 
 def check_ownership(cfg: TrialConfig, plan: Plan) -> None:
@@ -130,8 +129,10 @@ def test_planner_loads_match_counted_programs_on_dense_plans(method: str, layout
     np.testing.assert_allclose(numel, metrics.numel, rtol=1e-9)
 
 
-def test_running_an_moe_model_is_refused_in_one_line() -> None:
-    cfg = _config(SMALL + ["parallel.dp=2", "parallel.ep=2"], "canzona")
-    with pytest.raises(ConfigError, match="not supported yet") as e:
-        make_plan(cfg, device="cpu", cost_model=make_cost_model("flops", cfg.optimizer.name))
-    assert "\n" not in str(e.value)
+def test_an_moe_trial_at_tp_without_sequence_parallelism_is_refused_in_one_line(tmp_path, capsys) -> None:
+    from canzona.run import main as run_main
+
+    out = tmp_path / "trial"
+    assert run_main([*SMALL, "parallel.dp=2", "parallel.tp=2", "parallel.ep=2", f"out={out}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "parallel.sequence_parallel=true only" in err and "\n" not in err and not out.exists()
