@@ -177,14 +177,21 @@ def trial_table(sweep: Sweep, per_step: pd.DataFrame | None = None) -> pd.DataFr
     return df
 
 
+# Layout columns shown beside dp × tp whenever a trial uses them (an MoE model's expert grid),
+# even where they do not vary: "dp 2 × tp 1" alone would hide the expert parallelism.
+SHOWN_WHEN_USED = {"parallel.ep": 1}
+
+
 def point_extra_columns(trials: pd.DataFrame, config_columns: list[str]) -> list[str]:
-    """Config columns beyond POINT_BASE that vary among usable trials and split points."""
+    """Config columns beyond POINT_BASE that vary among usable trials and split points, and
+    those of `SHOWN_WHEN_USED` that some usable trial sets to other than their neutral value."""
     usable = trials[trials["source"].notna()] if "source" in trials else trials
     out = []
     for c in config_columns:
         if c in NOT_POINT or c in POINT_BASE or _is_method_specific(c) or c not in usable:
             continue
-        if usable[c].astype(str).nunique(dropna=False) > 1:
+        used = c in SHOWN_WHEN_USED and (usable[c].dropna() != SHOWN_WHEN_USED[c]).any()
+        if used or usable[c].astype(str).nunique(dropna=False) > 1:
             out.append(c)
     return out
 

@@ -24,7 +24,8 @@ def trial_id(cfg: TrialConfig) -> str:
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
     h = hashlib.sha256(blob.encode()).hexdigest()[:10]
     model = cfg.model.name.removeprefix("qwen3-")
-    return f"{model}-{cfg.method.label}-{cfg.optimizer.name}-dp{cfg.parallel.dp}tp{cfg.parallel.tp}-{h}"
+    ep = f"ep{cfg.parallel.ep}" if cfg.parallel.ep > 1 else ""
+    return f"{model}-{cfg.method.label}-{cfg.optimizer.name}-dp{cfg.parallel.dp}tp{cfg.parallel.tp}{ep}-{h}"
 
 
 def run_id(trial: str, repeat: int) -> str:

@@ -325,7 +325,8 @@ def _model(cfg: Any) -> str:
 
 def _layout(cfg: Any) -> str:
     par = getattr(cfg, "parallel", None)
-    return f"dp{getattr(par, 'dp', '?')}tp{getattr(par, 'tp', '?')}"
+    ep = getattr(par, "ep", 1)
+    return f"dp{getattr(par, 'dp', '?')}tp{getattr(par, 'tp', '?')}" + (f"ep{ep}" if isinstance(ep, int) and ep > 1 else "")
 
 
 def _median(values: list[float | None]) -> float | None:

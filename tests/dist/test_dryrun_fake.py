@@ -77,6 +77,29 @@ def test_small_dry_run_equals_the_plan(extra: list[str], tmp_path: Path) -> None
     assert "rank  dp  tp  params  grads" in (tmp_path / "dryrun.txt").read_text()
 
 
+MOE = ["model=qwen3-30b-a3b", "model.width_div=16", "model.num_layers=2", "model.num_experts=8", "model.top_k=2",
+       "train.seq_len=32", "dist.dry_run=true", "parallel.sequence_parallel=true"]
+
+
+@pytest.mark.parametrize("extra", [
+    ["method=canzona", "parallel.dp=2", "parallel.tp=2", "parallel.ep=2", "parallel.etp=1"],
+    ["method=canzona", "parallel.dp=2", "parallel.tp=2", "parallel.ep=2", "parallel.etp=2"],
+    ["method=sync", "parallel.dp=4", "parallel.ep=2"],
+], ids=["canzona-etp1", "canzona-etp2", "sync-dp4ep2"])
+def test_small_moe_dry_run_equals_the_plan(extra: list[str], tmp_path: Path) -> None:
+    """An MoE model on fake CUDA (balanced routing: fake tensors have no values to route by):
+    the token dispatch's all-to-alls pass NCCL's rules, the executor's calls (expert buffer on
+    the expert-DP / expert-TP groups) equal the rank's program, and the long-lived memory, with
+    the rank's experts, equals the plan's count to the byte."""
+    cfg = load_config([*MOE, *extra])
+    report = dry_run_trial(cfg, "first,last", tmp_path)
+    _check_against_plan(cfg, report)
+    for r in report["ranks"]:
+        ops = {(c["op"], c["axis"]) for c in r["collectives"]}
+        assert ("alltoall_base", "ep") in ops, ops  # the token dispatch, over the EP group
+        assert any(axis == "edp" for _, axis in ops), ops  # the expert buffer's reductions
+
+
 def test_recompute_keeps_only_layer_inputs(tmp_path: Path) -> None:
     """train.recompute=full on fake CUDA tensors: the same calls and long-lived memory as without,
     and each decoder layer adds only its input (micro-batch x seq x hidden, bf16) to what the

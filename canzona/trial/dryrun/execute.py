@@ -75,7 +75,7 @@ def run_rank(cfg: TrialConfig, rank: int, plan: Any = None) -> dict[str, Any]:
     dist.init_process_group("fake", rank=rank, world_size=cfg.world_size, store=FakeStore())
     dist_rules.install()
     try:
-        ctx = init_parallel(cfg.parallel.tp, "cuda", cfg.dist.timeout_s)
+        ctx = init_parallel(cfg.parallel.tp, "cuda", cfg.dist.timeout_s, ep=cfg.parallel.ep, etp=cfg.expert_tp)
         return _run(cfg, rank, ctx, plan)
     finally:
         dist_rules.uninstall()
@@ -93,6 +93,8 @@ def _run(cfg: TrialConfig, rank: int, ctx, plan: Any = None) -> dict[str, Any]:
     # shapes and dtypes count, the same at every step (generating 4096-token batches is real CPU work)
     batches = [step_batches(cfg, 0, ctx.dp_rank, ctx.dp)] * STEPS
     groups = {"dp": ctx.dp_group, "tp": ctx.tp_group, "world": dist.distributed_c10d._get_default_group()}
+    if mcfg.moe:  # the expert groups: the dispatch's (ep), the expert buffer's (edp, etp)
+        groups.update(ep=ctx.ep_group, edp=ctx.edp_group, etp=ctx.etp_group)
     observer = Observer(groups)
     ledger = observer.ledger
     checks: list[str] = []
@@ -101,7 +103,10 @@ def _run(cfg: TrialConfig, rank: int, ctx, plan: Any = None) -> dict[str, Any]:
         with ledger.phase("build"):
             model = build_model(mcfg, device=ctx.device, seed=cfg.train.seed, dtype=dtype, init=False,
                                 recompute=cfg.train.recompute == "full",
-                                sequence_parallel=cfg.sequence_parallel)
+                                sequence_parallel=cfg.sequence_parallel,
+                                # fake tensors have no values to route by: every expert gets the
+                                # same tokens, split sizes known on the host (`canzona.model.moe`)
+                                balanced_routing=mcfg.moe)
         seconds["build"] = time.perf_counter() - t0
         runtime = Runtime(model, plan, program, cfg.optimizer, ctx)
         for role, tensors in runtime.tensors_by_role().items():

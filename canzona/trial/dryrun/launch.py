@@ -36,9 +36,9 @@ def dry_run_trial(cfg: TrialConfig, ranks: list[int] | str | None = None, out: s
     once from several threads (a sweep's), so that together they run no more ranks than it
     allows. ConfigError for what a dry run refuses (ranks the job does not have, ...), as
     with ``dist.dry_run=true`` on the command line."""
-    from canzona.plan.methods import refuse_moe
+    from canzona.config import check_runnable
 
-    refuse_moe(cfg, "dry-running")
+    check_runnable(cfg)
     t0 = time.perf_counter()
     chosen = dry_run_ranks(cfg.dist.dry_run_ranks if ranks is None else ranks, cfg.world_size)
     config = cfg.to_dict()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.optim import registry
+from canzona.plan.experts import rank_space
 from canzona.program.actions import DTYPE_BYTES, Compute, Elementwise, Program
 from canzona.records import DRYRUN_JSON, DRYRUN_TEXT, atomic_write_text
 
@@ -31,8 +32,10 @@ LABELS = {"parameters": "params", "gradients": "grads", "main_parameters": "main
 
 
 def expected_bytes(plan, program: Program, optimizer) -> dict[str, int]:
-    """Bytes of the long-lived buffers one rank holds (see the module docstring)."""
-    numel = plan.layout.numel
+    """Bytes of the long-lived buffers one rank holds (see the module docstring); an MoE rank's
+    buffers and params are its dense and expert ones (`canzona.plan.experts.RankSpace`)."""
+    space = rank_space(plan, program.rank)
+    numel = space.layout.numel
     matrix = registry.get(optimizer.name)
     elementwise = registry.ELEMENTWISE
     shapes: dict[tuple[int, str], tuple[int, ...]] = {}
@@ -40,8 +43,8 @@ def expected_bytes(plan, program: Program, optimizer) -> dict[str, int]:
     for a in program.actions:
         if isinstance(a, Compute):
             for i in a.items:
-                spec = plan.params[i]
-                whole = spec.shape if a.source is not None else spec.local_shape(plan.tp)
+                spec = space.params[i]
+                whole = spec.shape if a.source is not None else spec.local_shape(space.split_over(i, plan.tp))
                 for sub in spec.subs or ():
                     shapes[(i, sub.name)] = tuple(sub.shape)
                 if not spec.subs:
