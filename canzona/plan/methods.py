@@ -78,9 +78,9 @@ def make_plan(cfg: TrialConfig, device: str | None = None, cost_model: CostModel
 
 
 def refuse_moe(cfg: TrialConfig, what: str) -> None:
-    """A one-line `ConfigError` for what MoE models do not support yet (``what``: simulating,
-    dry-running): the simulator prices no token dispatch and the fake-device dry run builds no
-    balanced-routing model yet, and a figure without them would leave the experts' traffic out."""
+    """A one-line `ConfigError` for what MoE models do not support yet (``what``: simulating):
+    the simulator prices no token dispatch yet, and a figure without it would leave the experts'
+    traffic out."""
     if cfg.model_cfg().moe:
         raise ConfigError(f"model={cfg.model.name} is a mixture-of-experts model: {what} it is not supported yet "
-                          f"(planning and running are: python -m canzona.plan, python -m canzona.run)")
+                          f"(planning, running and the dry run are: python -m canzona.plan, python -m canzona.run)")
