@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from canzona.config import TrialConfig
-from canzona.errors import ConfigError
 from canzona.inventory import ParamSpec, build_inventory
 from canzona.optim import registry as optimizers
 from canzona.plan.buckets import build_layout
@@ -76,11 +75,3 @@ def make_plan(cfg: TrialConfig, device: str | None = None, cost_model: CostModel
         plan = replace(plan, experts=plan_experts(moe, cfg.method.dp, cfg.method.tp))
     return replace(plan, execution=Execution.from_config(cfg, device), cost_source=model.source)
 
-
-def refuse_moe(cfg: TrialConfig, what: str) -> None:
-    """A one-line `ConfigError` for what MoE models do not support yet (``what``: simulating):
-    the simulator prices no token dispatch yet, and a figure without it would leave the experts'
-    traffic out."""
-    if cfg.model_cfg().moe:
-        raise ConfigError(f"model={cfg.model.name} is a mixture-of-experts model: {what} it is not supported yet "
-                          f"(planning, running and the dry run are: python -m canzona.plan, python -m canzona.run)")

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from canzona.layout import RankLayout
+from canzona.plan.experts import rank_space
 from canzona.program.actions import (
     COMM_TYPES,
     DTYPE_BYTES,
@@ -90,6 +91,7 @@ class ProgramSim:
                      for r, comms in enumerate(self.comms)]
         self._finish_s = [{tag: self._copy_out(c) for tag, c in comms.items()} for comms in self.comms]
         self._host_s: dict[tuple, float] = {}
+        self._spaces: dict[int | None, Any] = {}  # `_space`
         self._ops: tuple[int, list] | None = None  # `_compiled`
 
     # ------------------------------------------------------------------ groups
@@ -223,7 +225,9 @@ class ProgramSim:
         first = [p.actions[:2] for p in self.programs]
         if not all(isinstance(a[0], Forward) and isinstance(a[1], Backward) for a in first):
             raise ValueError("every program must start with Forward, Backward")
-        self.work = model_work(self.cfg, self.plan, self.hw, self.members("tp", 0)[1])
+        moe = self.plan.experts is not None
+        self.work = model_work(self.cfg, self.plan, self.hw, self.members("tp", 0)[1],
+                               self.members("ep", 0)[1] if moe else (), self.members("etp", 0)[1] if moe else ())
         overlapped = any(p.actions[0].waits for p in self.programs)
         self.it = -1
         for r, p in enumerate(self.programs):  # gathers "left by a previous step"
@@ -329,7 +333,7 @@ class ProgramSim:
                         continue
                     op = (_HOST, None, a.phase, a.tag)
                 else:
-                    op = (_HOST, self._host_seconds(a), a.phase, a.tag)
+                    op = (_HOST, self._host_seconds(a, r), a.phase, a.tag)
                 same[id(a)] = op  # the programs (and so the action) outlive this loop: ids stay unique
                 rops.append(op)
             out.append(rops)
@@ -366,33 +370,47 @@ class ProgramSim:
                         tl.blocking(members, "tp", tp_sec, "forward TP all-reduces")
 
     def _backward(self, work, index: int) -> None:
+        """Backward in lockstep; each buffer's buckets (the dense one's, an MoE rank's expert
+        buffer's: `RankSpace.chains`) launch in order among themselves as they fill."""
         tl = self.tl
         everyone = list(range(self.world))
-        layout = self.plan.layout
+        space = self._space(0)  # every rank's buffers have the same buckets (EP ranks: equal experts)
+        layout = space.layout
         bucket_of = {s.index: b.index for b in layout.buckets for s in b.params}
         backward = [p.actions[index] for p in self.programs]
         hooks = [{h.bucket: h.issue for h in b.hooks} for b in backward]
         ready = [0] * len(layout.buckets)
-        launched = 0
+        chains = [[lo, hi] for lo, hi in space.chains]  # per chain: next bucket to launch, end
         with tl.phase(everyone, "backward"):
             for sec, done in work.backward_units:
                 tl.host_all(everyone, sec)
                 for i in done:
                     ready[bucket_of[i]] += 1
-                while launched < len(layout.buckets) and ready[launched] == len(layout.buckets[launched].params):
-                    for r in everyone:
-                        for comm in hooks[r].get(launched, ()):
-                            self.issue(r, comm)
-                    launched += 1
+                for chain in chains:
+                    while chain[0] < chain[1] and ready[chain[0]] == len(layout.buckets[chain[0]].params):
+                        for r in everyone:
+                            for comm in hooks[r].get(chain[0], ()):
+                                self.issue(r, comm)
+                        chain[0] += 1
 
-    def _host_seconds(self, a) -> float:
+    def _space(self, r: int):
+        """Rank r's params and buffer (`canzona.plan.experts.RankSpace`), one per EP rank."""
+        ep_rank = self.grid.experts.coords(r)[1] if self.grid.experts is not None else None
+        space = self._spaces.get(ep_rank)
+        if space is None:
+            space = self._spaces[ep_rank] = rank_space(self.plan, r)
+        return space
+
+    def _host_seconds(self, a, r: int = 0) -> float:
         """Host seconds of a rank's own work after backward (the same for every rank doing the
-        same items or ranges: kept by content)."""
-        hw, plan = self.hw, self.plan
+        same items or ranges of the same params: kept by content)."""
+        hw = self.hw
+        space = self._space(r)
+        params = space.params
         if isinstance(a, Compute):
-            key = ("compute", a.items)
+            key = ("compute", a.items, space.ep_rank)
         elif isinstance(a, Apply):
-            key = ("apply", a.items)
+            key = ("apply", a.items, space.ep_rank)
         elif isinstance(a, Elementwise):
             key = ("adamw", a.ranges)
         elif isinstance(a, (GradNorm, ClipScale, CopyToModel)):
@@ -403,10 +421,10 @@ class ProgramSim:
         if seconds is not None:
             return seconds
         if isinstance(a, Compute):
-            shapes = [shape for i in a.items for _, shape in plan.params[i].matrices]
+            shapes = [shape for i in a.items for _, shape in params[i].matrices]
             seconds = hw.matrix_call(self.opt, shapes, *self.ns)
         elif isinstance(a, Apply):
-            seconds = hw.apply(plan.params[i].local_numel(self.tp) for i in a.items)
+            seconds = hw.apply(params[i].local_numel(space.split_over(i, self.tp)) for i in a.items)
         elif isinstance(a, Elementwise):
             seconds = hw.adamw(e - s for s, e in a.ranges)
         else:  # one pass over fp32 gradients (norm, scaling) or fp32 main -> model parameters

@@ -17,6 +17,18 @@ part with the weight-gradient GEMM: an upper bound). The backward is walked in r
 registration order so the simulator knows when each gradient lands in its bucket; with
 ``train.recompute=full`` each layer's forward (its TP collectives included) runs again before
 its gradients.
+
+An MoE layer (every Qwen3 MoE layer) replaces the MLP by the router and the rank's experts, priced
+with *balanced routing* (every expert the same share of the tokens, as the dry run builds it):
+each rank routes its T/tp tokens (sequence parallelism, which Megatron's MoE needs at TP > 1)
+to k experts, so its experts run 2·(T/tp)·k·3·hidden·ffn flops forward whatever the EP size
+(at expert-TP = TP the tokens are gathered over it and each expert is split as finely); the
+router 2·(T/tp)·experts·hidden. The dispatch and the combine are one all-to-all each over the EP
+group, forward and again backward, of the (T/tp)·k·hidden activations less the share kept
+locally (1/ep), blocking (Megatron's dispatcher waits for the counts and the tokens); at
+expert-TP > 1 the tokens also travel an all-gather and a reduce-scatter over the expert-TP
+group. The backward walk then covers the rank's own parameters (`canzona.plan.experts.RankSpace`:
+its experts after the dense params), whose gradients land in the expert buffer.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from dataclasses import dataclass
 
 from canzona.config import TrialConfig
 from canzona.inventory import ModelConfig, build_inventory
+from canzona.plan.experts import RankSpace, rank_space
 from canzona.plan.types import Plan
 from canzona.sim.hardware import Hardware
 
@@ -54,20 +67,52 @@ def forward_flops(mcfg: ModelConfig, tp: int, micro_batch: int, seq_len: int) ->
     """Forward flops per rank: ``2·T·(local weight elements of the matmuls)``, T = micro_batch·seq_len
     tokens, the output layer (tied: the embedding) counted and the embedding lookup not; plus
     attention ``4·L·(heads·head_dim/tp)·seq·T`` (QKᵀ and AV, the non-causal count of the usual
-    MFU formula). Backward is twice this."""
+    MFU formula); an MoE layer's router and experts as `moe_layer_flops`. Backward is twice this."""
     tokens = micro_batch * seq_len
     params = build_inventory(mcfg)
-    elems = sum(p.local_numel(tp) for p in params if len(p.shape) == 2 and not p.name.startswith("embedding."))
+    dense = [p for p in params if len(p.shape) == 2 and not p.name.startswith("embedding.") and not _moe_param(p)]
+    elems = sum(p.local_numel(tp) for p in dense)
     if mcfg.tied_embeddings:
         elems += mcfg.vocab * mcfg.hidden / tp
-    return 2.0 * tokens * elems + mcfg.num_layers * 4.0 * (mcfg.heads * mcfg.head_dim / tp) * seq_len * tokens
+    moe = mcfg.num_layers * moe_layer_flops(mcfg, tp, tokens) if mcfg.moe else 0.0
+    return 2.0 * tokens * elems + mcfg.num_layers * 4.0 * (mcfg.heads * mcfg.head_dim / tp) * seq_len * tokens + moe
 
 
-def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[int]) -> ModelWork:
-    """Forward seconds and the backward walk per rank (all ranks do the same model work);
-    flops from `forward_flops`."""
+def _moe_param(p) -> bool:
+    """An MoE layer's router or expert (priced by `moe_layer_flops`, not by its own shape)."""
+    return p.expert is not None or p.name.endswith("mlp.router.weight")
+
+
+def moe_layer_flops(mcfg: ModelConfig, tp: int, tokens: int) -> float:
+    """Forward flops of one MoE layer on one rank under balanced routing: its T/tp tokens through
+    the router and, k per token, through experts of 3·hidden·ffn weights (module docstring)."""
+    routed = tokens / tp
+    return 2.0 * routed * (mcfg.top_k * 3 * mcfg.hidden * mcfg.ffn + mcfg.num_experts * mcfg.hidden)
+
+
+def moe_comm_seconds(cfg: TrialConfig, hw: Hardware, ep_ranks: Sequence[int], etp_ranks: Sequence[int]) -> float:
+    """One MoE layer's token traffic in one direction (forward, or again backward): the dispatch
+    and the combine all-to-alls over the EP group, and at expert-TP > 1 the all-gather and the
+    reduce-scatter of the tokens over the expert-TP group."""
     mcfg = cfg.model_cfg()
-    tp, params = plan.tp, plan.params
+    tp, ep = cfg.parallel.tp, len(ep_ranks)
+    slots_bytes = cfg.train.micro_batch * cfg.train.seq_len / tp * mcfg.top_k * mcfg.hidden * hw.activation_bytes
+    out = 2 * hw.collective("all_to_all", slots_bytes * (ep - 1) / ep, ep_ranks) if ep > 1 else 0.0
+    if len(etp_ranks) > 1:
+        out += (hw.collective("all_gather", slots_bytes * len(etp_ranks), etp_ranks)
+                + hw.collective("reduce_scatter", slots_bytes * len(etp_ranks), etp_ranks))
+    return out
+
+
+def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[int],
+               ep_ranks: Sequence[int] = (), etp_ranks: Sequence[int] = ()) -> ModelWork:
+    """Forward seconds and the backward walk per rank (all ranks do the same model work: an MoE
+    model's EP ranks hold experts of the same shapes, so rank 0's params stand for every rank's,
+    `canzona.plan.experts.RankSpace`); flops from `forward_flops`; ``ep_ranks`` / ``etp_ranks``:
+    an EP and an expert-TP group (MoE)."""
+    mcfg = cfg.model_cfg()
+    space: RankSpace = rank_space(plan, 0)
+    tp, params = plan.tp, space.params
     b, s = cfg.train.micro_batch, cfg.train.seq_len
     tokens = b * s
     L = mcfg.num_layers
@@ -76,7 +121,10 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
 
     def is_matmul(i: int) -> bool:
         p = params[i]
-        return len(p.shape) == 2 and not p.name.startswith("embedding.")
+        return len(p.shape) == 2 and not p.name.startswith("embedding.") and not _moe_param(p)
+
+    moe_comm = moe_comm_seconds(cfg, hw, ep_ranks, etp_ranks) if mcfg.moe else 0.0
+    moe_flops = moe_layer_flops(mcfg, tp, tokens) if mcfg.moe else 0.0
 
     fwd_flops = forward_flops(mcfg, tp, b, s)
     forward_s = hw.forward.seconds(fwd_flops, L)
@@ -89,7 +137,8 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
         ag, rs = hw.collective("all_gather", act, tp_ranks), hw.collective("reduce_scatter", act, tp_ranks)
         # where plain TP all-reduces. Forward: (embedding, layer, head); backward: (head, qkv,
         # proj, fc1, fc2, embedding)
-        fwd_tp = (rs, 2 * (ag + rs), ag + 3 * ar_small)
+        # (an MoE layer has no MLP collectives of its own: the experts' traffic is ``moe_comm``)
+        fwd_tp = (rs, (1 if mcfg.moe else 2) * (ag + rs), ag + 3 * ar_small)
         bwd_tp = (ag + rs, ag + rs, ag, ag + rs, ag, ag)
     else:
         fwd_tp = (ar_act, 2 * ar_act, 3 * ar_small)
@@ -99,7 +148,7 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
     def hook(i: int) -> float:
         """The gradient hook: the copy into the buffer, and a replicated param's partial gradient
         (q/k norms; every norm with sequence parallelism) summed over TP first."""
-        n = params[i].local_numel(tp)
+        n = params[i].local_numel(space.split_over(i, tp))
         partial = hw.collective("all_reduce", n * BYTES, tp_ranks) if params[i].tp_grad_allreduce and tp > 1 else 0.0
         return hw.copy(HOOK_COPY_FACTOR * BYTES * n) + partial
 
@@ -109,7 +158,8 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
         by_layer.setdefault(p.layer, []).append(i)
     # Megatron's forward all-reduces (fwd_tp above): the vocab-parallel embedding's, two per layer
     # (attention and MLP outputs), the cross-entropy's three small ones in the head
-    fwd_units = _forward_units(by_layer, params, forward_s, tp, tokens, attn_layer, fwd_flops, fwd_tp)
+    fwd_units = _forward_units(by_layer, params, forward_s, tp, tokens, attn_layer, fwd_flops, fwd_tp,
+                               moe_flops, moe_comm)
     # train.recompute=full: each layer's forward (with its TP all-reduces) runs again in backward,
     # just before that layer's gradients
     recompute = [sec + tp_s for _, sec, tp_s in fwd_units[1:-1]] if cfg.train.recompute == "full" else [0.0] * L
@@ -123,12 +173,19 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
     if head_s:
         units.append((head_s, ()))
     for layer in range(L - 1, -1, -1):
+        # reverse registration order; an MoE layer's experts (last in the rank's space) come first
         members = sorted(by_layer[layer], reverse=True)
+        moe_members = [i for i in members if _moe_param(params[i])]
+        moe_numel = sum(params[i].numel for i in moe_members) or 1
         for k, i in enumerate(members):
             p = params[i]
             sec = bw.layer_s / len(members) + hook(i) + (recompute[layer] if k == 0 else 0.0)
             if is_matmul(i):
                 sec += 4.0 * tokens * p.local_numel(tp) / bw.flops_per_s
+            elif moe_members and i in moe_members:  # the layer's expert backward, by weight share
+                sec += 2.0 * moe_flops * p.numel / moe_numel / bw.flops_per_s
+                if i == moe_members[0]:
+                    sec += moe_comm  # the dispatch and combine again, backward
             if p.name.endswith("linear_qkv.weight"):
                 sec += 2.0 * attn_layer / bw.flops_per_s + bwd_qkv  # attention core; qkv input grad
             elif p.name.endswith("linear_fc1.weight"):
@@ -144,22 +201,30 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
 
 
 def _forward_units(by_layer, params, forward_s: float, tp: int, tokens: int, attn_layer: float,
-                   fwd_flops: float, tp_s: tuple[float, float, float]) -> tuple[tuple[tuple[int, ...], float, float], ...]:
+                   fwd_flops: float, tp_s: tuple[float, float, float], moe_flops: float = 0.0,
+                   moe_comm: float = 0.0) -> tuple[tuple[tuple[int, ...], float, float], ...]:
     """The forward split in registration order: the embedding, each layer, the head; each unit's
     share of ``forward_s`` is its share of the forward flops (the fixed and per-layer overheads
-    spread the same way); ``tp_s``: the TP all-reduce seconds of the embedding, a layer, the head."""
+    spread the same way), an MoE layer's plus its token traffic (``moe_comm``, blocking); ``tp_s``:
+    the TP all-reduce seconds of the embedding, a layer, the head."""
     def flops(i: int) -> float:
         p = params[i]
+        if _moe_param(p):
+            return 0.0  # the layer's router and experts: ``moe_flops`` once per layer
         return 2.0 * tokens * p.local_numel(tp) if len(p.shape) == 2 and not p.name.startswith("embedding.") else 0.0
+
+    def moe(k: int) -> float:
+        return moe_flops if any(_moe_param(params[i]) for i in by_layer[k]) else 0.0
 
     top = by_layer.get(None, [])
     emb = tuple(i for i in top if params[i].name.startswith("embedding."))
     head = tuple(i for i in top if not params[i].name.startswith("embedding."))
     groups = [(emb, 0.0)]
     layers = sorted(k for k in by_layer if k is not None)
-    groups += [(tuple(by_layer[k]), sum(flops(i) for i in by_layer[k]) + attn_layer) for k in layers]
+    groups += [(tuple(by_layer[k]), sum(flops(i) for i in by_layer[k]) + attn_layer + moe(k)) for k in layers]
     groups.append((head, max(0.0, fwd_flops - sum(f for _, f in groups))))
     total = sum(f for _, f in groups) or 1.0
     emb_tp, layer_tp, head_tp = tp_s
     tps = [emb_tp] + [layer_tp] * len(layers) + [head_tp]
-    return tuple((items, forward_s * f / total, t) for (items, f), t in zip(groups, tps))
+    comm = [0.0] + [moe_comm if moe(k) else 0.0 for k in layers] + [0.0]
+    return tuple((items, forward_s * f / total + c, t) for (items, f), t, c in zip(groups, tps, comm))

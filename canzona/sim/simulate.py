@@ -53,9 +53,7 @@ def simulate(cfg: TrialConfig, hardware: Any, plan: Plan | None = None) -> Progr
     with the ratio of its mean number of busy ranks (from the first pass) to the cores.
     """
     from canzona.cost import select_cost_model
-    from canzona.plan.methods import make_plan, refuse_moe
-
-    refuse_moe(cfg, "simulating")
+    from canzona.plan.methods import make_plan
     hw = load_hardware(hardware)
     if plan is None:  # planned for the hardware's device, with its roofline where it is not this machine's
         kind = str(hw.device.get("kind", "cpu"))
@@ -103,6 +101,16 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
         (f"Megatron TP all-reduces of b·s·hidden {hw.model_dtype} activations: 2 per layer + 1 embedding forward, "
          "2 per layer + 1 output layer backward, 3 small cross-entropy all-reduces; no sequence parallelism"),
     ]
+    if cfg.model_cfg().moe:
+        mcfg, lay = cfg.model_cfg(), cfg.expert_layout()
+        out.append(
+            f"MoE: {mcfg.num_experts} experts per layer, top-{mcfg.top_k}, over EP {lay.ep} x expert-TP {lay.etp} x "
+            f"expert-DP {lay.edp}; balanced routing (every expert the same share of the tokens: a real router's "
+            "imbalance makes the busiest expert's rank slower); each rank routes its T/tp tokens; the dispatch and "
+            "the combine one all-to-all each over the EP group forward and again backward (the share kept "
+            "locally not sent), blocking, plus an all-gather and a reduce-scatter over expert-TP when it is > 1; "
+            "no auxiliary load-balancing loss, no token dropping; the expert buffer reduced over its expert-DP "
+            "group, its gradients scaled by 1/DP")
     if ex is not None:
         out += [
             f"dtypes: parameters, activations and the parameter all-gather {ex.dtype} ({ex.dtype_reason}); gradients, "
@@ -208,7 +216,8 @@ def project(cfg: TrialConfig, hardware: Any, *, plan: Plan | None = None, events
         "model_flops_per_rank": {"forward": sim.work.forward_flops, "tokens": sim.work.tokens},
         "steps": rows,
         "world": {"world_size": world, "dp": sim.dp, "tp": sim.tp, "backend": "simulated",
-                  "device": hw.device.get("kind"), "device_name": hw.device.get("name")},
+                  "device": hw.device.get("kind"), "device_name": hw.device.get("name"),
+                  **({"ep": plan_.experts.layout.ep, "etp": plan_.experts.layout.etp} if plan_.experts else {})},
         "plan": plan_record(plan_, metrics),
         "config": cfg.to_dict(),
     }
@@ -261,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         res.pop("steps")
         print(json.dumps(res, indent=2, default=str))
         return 0
-    print(f"{cfg.method.label} {cfg.optimizer.name} {cfg.model.name} dp={cfg.parallel.dp} tp={cfg.parallel.tp} on {hardware} "
+    ep = f" ep={cfg.parallel.ep}" if cfg.parallel.ep > 1 else ""
+    print(f"{cfg.method.label} {cfg.optimizer.name} {cfg.model.name} dp={cfg.parallel.dp} tp={cfg.parallel.tp}{ep} on {hardware} "
           f"(projected): iteration {res['iteration_ms']:.1f} ms, optimizer step {res['optimizer_step_ms']:.2f} ms, "
           f"param sync {res['param_sync_ms']:.2f} ms")
     print("  phases (max over ranks, ms): " + ", ".join(f"{k} {v:.2f}" for k, v in res["phases_ms"].items() if v))

@@ -432,3 +432,51 @@ def test_write_trial_round_trips_through_compare(tmp_path: Path) -> None:
     assert len(rows) == 4 and all(r["projected"] for r in rows)
     row = compare(tmp_path / "t", toy_hardware())
     assert row["optimizer_step_ms_error_pct"] == pytest.approx(0.0) and row["plan_matches"] is True
+
+
+MOE = ["model=qwen3-30b-a3b", "model.width_div=16", "model.num_layers=2", "model.num_experts=8", "model.top_k=2",
+       "method=canzona", "planner.cost=flops"]
+
+
+def test_moe_dispatch_sits_in_each_layer_forward_and_backward(monkeypatch) -> None:
+    """An MoE model's forward and backward each carry, per layer, the dispatch and combine
+    all-to-alls over the EP group (priced by `moe_comm_seconds`: with them priced at zero both
+    passes are shorter by exactly that, layer by layer); the projection records the EP grid and
+    says it assumes balanced routing."""
+    import canzona.sim.model as sim_model
+
+    hw = load_hardware("h100")
+    cfg = load_config([*MOE, "parallel.dp=4", "parallel.ep=2"])
+    plan = make_plan(cfg, device="cuda")
+    grid = plan.rank_layout
+    ep, etp = grid.group("ep", 0)[1], grid.group("etp", 0)[1]
+    comm = sim_model.moe_comm_seconds(cfg, hw, ep, etp)
+    m = cfg.model_cfg()
+    slots_bytes = cfg.train.micro_batch * cfg.train.seq_len * m.top_k * m.hidden * hw.activation_bytes
+    assert comm == 2 * hw.collective("all_to_all", slots_bytes / 2, ep) > 0  # half stays on the rank
+    priced = sim_model.model_work(cfg, plan, hw, [0], ep, etp)
+    monkeypatch.setattr(sim_model, "moe_comm_seconds", lambda *a: 0.0)
+    free = sim_model.model_work(cfg, plan, hw, [0], ep, etp)
+    forward = [a - b for (_, a, _), (_, b, _) in zip(priced.forward_units, free.forward_units)]
+    backward = [a - b for (a, _), (b, _) in zip(priced.backward_units, free.backward_units)]
+    assert forward == pytest.approx([0.0, comm, comm, 0.0])  # embedding, two MoE layers, head
+    assert sum(backward) == pytest.approx(2 * comm) and sum(1 for d in backward if d) == 2
+    monkeypatch.undo()
+    res = project(cfg, hw)
+    assert res["world"]["ep"] == 2 and res["world"]["etp"] == 1 and res["iteration_ms"] > 0
+    assert any(a.startswith("MoE: 8 experts per layer, top-2") for a in res["assumptions"])
+
+
+def test_moe_expert_buffer_reduces_over_the_expert_dp_groups() -> None:
+    """The expert buffer's bucket reductions run on the expert-DP groups' own streams, beside the
+    dense DP ones."""
+    from canzona.program.lower import lower
+    from canzona.sim.interpret import ProgramSim
+
+    hw = load_hardware("h100")
+    cfg = load_config([*MOE, "parallel.dp=4", "parallel.ep=2"])
+    plan = make_plan(cfg, device="cuda")
+    sim = ProgramSim(cfg, plan, lower(plan), hw, 1.0, 1.0)
+    sim.run()
+    assert {"dp", "edp"} <= set(sim.tl.streams)
+    assert all(t > 0 for t in sim.tl.streams["edp"])  # every rank's expert reductions took time

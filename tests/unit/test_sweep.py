@@ -91,6 +91,27 @@ def test_qwen3_scaling_local_profile_fits_a_small_machine():
     assert sum(r.cfg.train.steps + r.cfg.train.warmup for r in runs if r.cfg.model.name == "qwen3-8b") <= 120
 
 
+def test_qwen3_scaling_moe_profiles_run_the_moe_models_with_expert_parallelism():
+    """profile=moe: the scaled Qwen3-30B-A3B on 2-4 CPU ranks with EP 2, every method, repeated;
+    profile=moe_projection: both MoE models at full size on 256 GPUs for the simulator."""
+    local = shipped("sweep=qwen3_scaling", "profile=moe")
+    assert local.settings.cluster == "local" and local.repeats >= 3
+    assert {t.cfg.method.label for t in local.trials} == {"canzona", "sync", "layerwise", "adamw"}
+    for t in local.trials:
+        c = t.cfg
+        assert c.model_cfg().moe and c.parallel.ep == 2 and c.world_size <= 4 and c.dist.device == "cpu"
+        assert c.model.width_div > 1 and c.model_cfg().num_experts == 8
+        assert c.parallel.tp == 1 or c.sequence_parallel
+    assert {(t.cfg.parallel.dp, t.cfg.parallel.tp) for t in local.trials} == {(2, 1), (4, 1), (2, 2)}
+    proj = shipped("sweep=qwen3_scaling", "profile=moe_projection")
+    assert proj.settings.cluster == "simulate"
+    assert {t.cfg.model.name for t in proj.trials} == {"qwen3-30b-a3b", "qwen3-235b-a22b"}
+    assert {t.cfg.method.label for t in proj.trials} == {"canzona", "sync", "layerwise", "atomic", "adamw"}
+    assert all(t.world_size == 256 and t.cfg.sequence_parallel and t.cfg.model.width_div == 1 for t in proj.trials)
+    assert {t.cfg.parallel.ep for t in proj.trials} == {16, 64}
+    assert all(t.cfg.train.recompute == "full" for t in proj.trials if t.cfg.model.name == "qwen3-235b-a22b")
+
+
 def test_qwen3_scaling_paper_profile_is_full_size_on_up_to_256_gpus():
     p = shipped("sweep=qwen3_scaling", "profile=paper")
     assert p.settings.cluster == "slurm" and p.settings.slurm.gpus_per_node == 8
