@@ -4,12 +4,19 @@ The planner's default cost model measures this machine into a calibration cache 
 repository (`canzona.calibrate.cache`); the tests keep theirs in one temporary folder per
 session (``CANZONA_CACHE_DIR``, inherited by every process a test starts), so they never
 read a user's cache nor write into it, and a session times each shape once.
+
+`quick_calibration`: ``python -m canzona.calibrate quick=true device=cpu`` run once per session
+(about 20 s on 2 cores) for every test that checks or uses its hardware file; they only read it.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +32,20 @@ def calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         os.environ.pop(CACHE_ENV, None)
     else:
         os.environ[CACHE_ENV] = before
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The quick calibration's command line result and the hardware file it wrote (``quick.yaml``,
+    so the hardware is named ``quick``)."""
+
+    path: Path
+    proc: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="session")
+def quick_calibration(tmp_path_factory: pytest.TempPathFactory, calibration_cache: str) -> Calibration:
+    out = tmp_path_factory.mktemp("quick-calibration") / "quick.yaml"
+    proc = subprocess.run([sys.executable, "-m", "canzona.calibrate", f"out={out}", "quick=true", "device=cpu"],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    return Calibration(out, proc)

@@ -32,6 +32,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,17 @@ class WorkerBackend(LocalBackend):
             timeout_s = self.settings.local.timeout_min * 60
             handles.append(WorkerRunHandle(run, rdir, self, worker, job_id, out, err, timeout_s))
         return handles, failed
+
+    def wait(self, running: list[RunHandle], timeout_s: float) -> None:
+        """Until a worker reports its run or exits, or the first run's timeout falls due; at most
+        `timeout_s` (the next run starts as soon as one ends, not at the next poll)."""
+        workers = [h for h in running if isinstance(h, WorkerRunHandle) and not h._finished]
+        if not workers:
+            time.sleep(timeout_s)
+            return
+        now = time.monotonic()
+        due = min(h.t0 + h.timeout_s - now for h in workers)
+        wait_ready([x for h in workers for x in h.worker.waitables()], timeout=max(0.0, min(timeout_s, due)))
 
     def _new(self) -> Worker:
         w = Worker()

@@ -114,6 +114,10 @@ class Worker:
         self._conn.send((config, str(out), str(stdout), str(stderr)))
         return f"{self.pid}.{self.runs}"
 
+    def waitables(self) -> list[Any]:
+        """What becomes ready when the run in progress ends: its result arrives, or the worker exits."""
+        return [self._conn, self.process.sentinel]
+
     def result(self) -> tuple[bool, str | None]:
         """(finished, error text or None) of the run in progress; a dead worker is an error."""
         try:

@@ -1,15 +1,26 @@
-"""The one Slurm cluster of a test session, shared by every module that needs it.
+"""The one Slurm cluster of a test session, shared by every module that needs it; and the one
+two-trial local sweep that the report and projection tests check.
 
 A single session-scoped fixture (defining it in each module would start a cluster per module,
 and a module finding another's cluster up would skip its teardown test). Tests marked
 ``slurm_down`` stop the cluster, so they are moved after every other test.
+
+`two_trial_sweep`: canzona and sync at dp=2 through ``sweeps/run.py`` with the session's quick
+calibration as ``sim.hardware``, run once; `test_report_real_sweep.py` checks its records and
+report, `test_projection_e2e.py` its predicted-vs-measured section. Neither writes into it: a
+test that resumes it does so on a copy.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from slurm_util import STATE_DIR, Cluster, dev_cluster, sinfo_ok
@@ -46,3 +57,51 @@ def slurm_cluster() -> Iterator[Cluster]:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = old_conf
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+TWO_TRIALS = """
+    description: two real trials for the report and projection tests, and a calibrated hardware file
+    fixed:
+      model.name: qwen3-0.6b
+      model.width_div: 16
+      model.num_layers: 1
+      parallel.dp: 2
+      dist.device: cpu
+      dist.threads_per_rank: 1
+      train.steps: 3
+      train.warmup: 1
+      train.micro_batch: 1
+      train.seq_len: 16
+    grid:
+      method: [canzona, sync]
+    sweep:
+      cluster: local
+"""
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """A sweep's command line (without ``results=``), its results folder and the first run's result."""
+
+    command: list[str]
+    results: Path
+    proc: subprocess.CompletedProcess
+    hardware: Path
+
+    @property
+    def dir(self) -> Path:
+        return self.results / "two"
+
+
+@pytest.fixture(scope="session")
+def two_trial_sweep(tmp_path_factory: pytest.TempPathFactory, quick_calibration) -> SweepRun:
+    assert quick_calibration.proc.returncode == 0, quick_calibration.proc.stderr[-2000:]
+    folder = tmp_path_factory.mktemp("two-trial-sweep")
+    (folder / "two.yaml").write_text(textwrap.dedent(TWO_TRIALS))
+    command = [sys.executable, str(REPO / "sweeps" / "run.py"), f"sweep={folder / 'two.yaml'}",
+               f"sim.hardware={quick_calibration.path}"]
+    proc = subprocess.run([*command, f"results={folder / 'results'}"], capture_output=True, text=True, timeout=600,
+                          cwd=REPO)
+    return SweepRun(command, folder / "results", proc, quick_calibration.path)

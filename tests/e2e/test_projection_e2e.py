@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -65,37 +64,16 @@ def test_paper_profile_projection_end_to_end(tmp_path: Path) -> None:
     assert peers and all(float(e["text"].split()[-1]) > 0 for e in peers)
 
 
-LOCAL = """
-    description: two real trials and a calibrated hardware file
-    fixed:
-      model.name: qwen3-0.6b
-      model.width_div: 16
-      model.num_layers: 1
-      parallel.dp: 2
-      dist.threads_per_rank: 1
-      train.steps: 3
-      train.warmup: 1
-      train.micro_batch: 1
-      train.seq_len: 16
-    grid:
-      method: [canzona, sync]
-    sweep:
-      cluster: local
-"""
-
-
-def test_local_sweep_report_predicts_with_a_quick_calibration(tmp_path: Path) -> None:
-    hw = tmp_path / "quick.yaml"
-    c = subprocess.run([sys.executable, "-m", "canzona.calibrate", "quick=true", f"out={hw}"], capture_output=True,
-                       text=True, timeout=600, cwd=REPO)
-    assert c.returncode == 0 and hw.is_file(), c.stderr[-2000:]
-    (tmp_path / "two.yaml").write_text(textwrap.dedent(LOCAL))
-    r = _sweep(f"sweep={tmp_path / 'two.yaml'}", f"results={tmp_path / 'results'}", f"sim.hardware={hw}")
+def test_local_sweep_report_predicts_with_a_quick_calibration(tmp_path: Path, two_trial_sweep) -> None:
+    """The session's two-trial local sweep (conftest.py), run with the session's quick CPU
+    calibration (tests/conftest.py) as ``sim.hardware``."""
+    hw, r = two_trial_sweep.hardware, two_trial_sweep.proc
+    assert hw.is_file()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     index = Path(r.stdout.strip().splitlines()[-1])
     page = Page(index.read_text())
     assert page.ids["predicted-hardware"]["data-hardware"] == "quick"
-    want = compare_sweep(tmp_path / "results" / "two", hw)
+    want = compare_sweep(two_trial_sweep.dir, hw)
     assert len(want["trials"]) == 2
     expected = {m["method"]: m for m in want["by_method"]} | {"all": want["overall"]}
     cells = page.having("data-pv-field")
@@ -107,7 +85,7 @@ def test_local_sweep_report_predicts_with_a_quick_calibration(tmp_path: Path) ->
         else:
             assert float(cell["data-value"]) == pytest.approx(v, rel=1e-9)
     # rebuilt by hand with hardware=: the same section
-    r = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "results" / "two"),
+    r = subprocess.run([sys.executable, "-m", "analysis.report", str(two_trial_sweep.dir),
                         f"out={tmp_path / 'again'}", f"hardware={hw}"], capture_output=True, text=True, timeout=600,
                        cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -1,13 +1,14 @@
 """The report on a real sweep's records: its numbers are the raw steps' numbers.
 
-Runs a two-trial local sweep (canzona and sync, dp=2) through ``sweeps/run.py``, then checks
+Takes the session's two-trial local sweep (canzona and sync, dp=2, through ``sweeps/run.py``:
+`two_trial_sweep` in conftest.py, also checked by test_projection_e2e.py), then checks
 that the sweep printed the report's path last, that ``trials.csv`` holds the medians computed
 here straight from ``steps.jsonl`` (max over ranks per measured step), that ``speedups.csv``'s
 canzona-vs-sync ratio is the ratio of those medians, that the HTML shows them, and that every
 rank's recorded bytes per action equal its program's (``summary.json``'s ``program_check``).
 Also that the sweep's progress without a terminal is one start line and one line per finished
-run, and that after a resume (one run removed, the command again) the report says its runs
-come from two invocations.
+run, and that after a resume (one run removed from a copy of its results, the command again on
+the copy) the report says its runs come from two invocations.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import json
 import shutil
 import statistics
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -28,25 +27,6 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 
-SWEEP = """
-    description: two real trials for the report test
-    fixed:
-      model.name: qwen3-0.6b
-      model.width_div: 16
-      model.num_layers: 1
-      parallel.dp: 2
-      dist.threads_per_rank: 1
-      train.steps: 3
-      train.warmup: 1
-      train.micro_batch: 1
-      train.seq_len: 16
-    grid:
-      method: [canzona, sync]
-    sweep:
-      cluster: local
-"""
-
-
 def _median_of_max(steps: Path, key: str) -> float:
     per_step: dict[int, float] = {}
     for line in steps.read_text().splitlines():
@@ -56,12 +36,10 @@ def _median_of_max(steps: Path, key: str) -> float:
     return statistics.median(per_step.values())
 
 
-def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
-    (tmp_path / "two.yaml").write_text(textwrap.dedent(SWEEP))
-    command = [sys.executable, str(REPO / "sweeps" / "run.py"), f"sweep={tmp_path / 'two.yaml'}",
-               f"results={tmp_path / 'results'}"]
-    r = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
+def test_report_numbers_come_from_the_records(tmp_path: Path, two_trial_sweep) -> None:
+    r = two_trial_sweep.proc
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    results = two_trial_sweep.results
     # progress without a terminal: the start line, exactly one line per finished run, the closing line
     progress = [line for line in r.stdout.splitlines() if line.startswith("[sweep] ")]
     assert progress[0].startswith("[sweep] 2 run(s) to run; none skipped"), r.stdout
@@ -73,7 +51,7 @@ def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
     trials = pd.read_csv(report.parent / "trials.csv")
     medians = {}
     for _, row in trials.iterrows():
-        steps = tmp_path / "results" / "two" / row["trial_id"] / "steps.jsonl"
+        steps = results / "two" / row["trial_id"] / "steps.jsonl"
         for key in ("iteration_ms", "optimizer_step_ms"):
             want = _median_of_max(steps, key)
             assert row[f"summary.{key}_median"] == pytest.approx(want, rel=1e-9)
@@ -87,7 +65,7 @@ def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
     assert f"{medians[('canzona', 'optimizer_step_ms')]:.2f}" in html
     # every rank of every trial handed torch.distributed exactly the bytes its program lists
     for _, row in trials.iterrows():
-        summary = json.loads((tmp_path / "results" / "two" / row["trial_id"] / "summary.json").read_text())
+        summary = json.loads((results / "two" / row["trial_id"] / "summary.json").read_text())
         check = summary["program_check"]
         assert check["ok"] and check["rows_checked"] > 0, check["mismatches"]
     # the per-rank timeline of the drawn step is that step: on every rank its events lie inside
@@ -96,7 +74,7 @@ def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
     from analysis.load import load_sweep
     from analysis.timeline import representative_step, step_events
 
-    sweep = load_sweep(tmp_path / "results" / "two")
+    sweep = load_sweep(results / "two")
     for t in sweep.trials:
         step = representative_step(t)
         events, optimizer_only = step_events(t, step)
@@ -120,19 +98,24 @@ def test_report_numbers_come_from_the_records(tmp_path: Path) -> None:
         assert all(i["complete"] and i["w"] > 0 for i in info["imgs"]), info["imgs"]
         assert all(t["width"] <= t["box"] for t in info["tables"]), info["tables"]
 
-    # resumed: one run removed, the same command again runs it alone; the report says that its
-    # runs come from two invocations (each run's status.json records the invocation that ran it)
+    # resumed (on a copy of the results: the session's sweep stays as it is for the other tests):
+    # one run removed, the same command again runs it alone; the report says that its runs come
+    # from two invocations (each run's status.json records the invocation that ran it)
     assert "invocations of this sweep" not in html
+    results = tmp_path / "results"
+    shutil.copytree(two_trial_sweep.results, results)
+    report = results / "two" / "report" / "index.html"
     victim = trials.iloc[0]["trial_id"]
-    shutil.rmtree(tmp_path / "results" / "two" / victim)
-    r = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
+    shutil.rmtree(results / "two" / victim)
+    r = subprocess.run([*two_trial_sweep.command, f"results={results}"], capture_output=True, text=True, timeout=600,
+                       cwd=REPO)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "[sweep] 1 run(s) to run; 1 skipped (already recorded: resumed)" in r.stdout, r.stdout
     assert "runs from 2 invocations of this sweep (resumed)" in report.read_text()
     again = pd.read_csv(report.parent / "trials.csv").set_index("trial_id")
     assert again["invocation"].nunique() == 2 and again["invocation"].notna().all()
-    manifest = json.loads((tmp_path / "results" / "two" / "sweep.json").read_text())
-    statuses = {json.loads((tmp_path / "results" / "two" / t / "status.json").read_text())["invocation"]
+    manifest = json.loads((results / "two" / "sweep.json").read_text())
+    statuses = {json.loads((results / "two" / t / "status.json").read_text())["invocation"]
                 for t in trials["trial_id"]}
     assert len(manifest["invocations"]) == 2 and manifest["invocation"] == manifest["invocations"][-1]
     assert statuses == set(manifest["invocations"])

@@ -229,17 +229,19 @@ def test_repeats_run_interleaved_and_resume_per_repetition(tmp_path):
     box = html[html.index('id="sweep-config"'):]
     assert "cluster: local" in box[:box.index("</pre>")] and "runs: 4" in box[:box.index("</pre>")]
 
-    # a failed repetition is rerun alone; raising repeats runs only the new repetitions
+    # resumed with repeats raised (one invocation, to start one worker): of the recorded runs only
+    # the failed repetition runs again, the others are skipped; the new repetitions run once each
     victim = order[1]
     bk_status = status(dirs[victim])
     (dirs[victim] / "status.json").write_text(json.dumps({**bk_status, "status": "failed", "error": "x"}))
     before = {n: status(d)["started"] for n, d in dirs.items() if n != victim}
-    r = pair_sweep(tmp_path, "repeats=2")
-    assert r.returncode == 0 and "4 runs, 1 to run, 3 skipped" in r.stdout, r.stdout + r.stderr
-    assert {n: status(d)["started"] for n, d in dirs.items() if n != victim} == before
     r = pair_sweep(tmp_path, "repeats=3")
-    assert r.returncode == 0 and "2 trials x 3 repeats = 6 runs, 2 to run, 4 skipped" in r.stdout, r.stdout
-    assert sum(n.endswith("-r3") for n in trial_dirs(root)) == 2
+    assert r.returncode == 0 and "2 trials x 3 repeats = 6 runs, 3 to run, 3 skipped" in r.stdout, r.stdout + r.stderr
+    assert {n: status(d)["started"] for n, d in dirs.items() if n != victim} == before
+    assert status(dirs[victim])["status"] == "done" and status(dirs[victim])["started"] != bk_status["started"]
+    now = trial_dirs(root)
+    assert sorted(n for n in now if n not in dirs) == sorted(f"{t}-r3" for t in by_trial)
+    assert all(status(now[n])["status"] == "done" and status(now[n])["repeat"] == 3 for n in now if n not in dirs)
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:

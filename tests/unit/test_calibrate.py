@@ -70,10 +70,9 @@ def test_quick_calibration_in_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_quick_calibration_cli_with_gloo_collectives(tmp_path: Path) -> None:
-    out = tmp_path / "cli.yaml"
-    proc = subprocess.run([sys.executable, "-m", "canzona.calibrate", f"out={out}", "quick=true", "device=cpu"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+def test_quick_calibration_cli_with_gloo_collectives(quick_calibration) -> None:
+    """``python -m canzona.calibrate quick=true device=cpu`` (the session's run, tests/conftest.py)."""
+    out, proc = quick_calibration.path, quick_calibration.proc
     assert proc.returncode == 0, proc.stderr
     _check_hardware(out)
     data = yaml.safe_load(out.read_text())
