@@ -1,7 +1,7 @@
-"""Run a function on N local gloo ranks (torch.multiprocessing, spawn start method).
+"""Run a function on N local gloo ranks (torch.multiprocessing, forkserver start method).
 
-``run_ranks(fn, world, *args, timeout_s=60)`` starts ``world`` processes, each with the usual
-launcher env (``MASTER_ADDR``, ``MASTER_PORT`` of a free port, ``RANK``, ``WORLD_SIZE``,
+``run_ranks(fn, world, *args, timeout_s=60)`` starts ``world`` processes, each with the caller's
+environment as of the call and the usual launcher variables (``MASTER_ADDR``, ``MASTER_PORT`` of a free port, ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``) and one torch thread, calls ``fn(rank, world, *args)`` and returns the results
 in rank order. ``fn`` must be a module-level function; it initialises its own process group
 (e.g. ``canzona.model.init_parallel``) and its result must be torch.save-able. With
@@ -9,7 +9,10 @@ in rank order. ``fn`` must be a module-level function; it initialises its own pr
 child installs `canzona.dist_rules` before calling ``fn``: a collective NCCL would refuse raises
 `canzona.dist_rules.NcclRuleError` in the child, re-raised here as `ChildError`. A child's
 exception is re-raised here with the child's traceback; a run that exceeds ``timeout_s`` is
-killed (its stacks are dumped to stderr shortly before) and raises ``TimeoutError``.
+killed (its stacks are dumped to stderr shortly before) and raises ``TimeoutError``. The ranks
+fork from one forkserver per test session that has imported torch, megatron-core and the
+harness (`PRELOAD`), rather than each importing them again: a module a test changes on disk
+during a session is not seen by ranks whose server imported it before.
 """
 
 from __future__ import annotations
@@ -34,7 +37,23 @@ class ChildError(RuntimeError):
     """A rank raised; the message carries its traceback."""
 
 
-def _child(rank: int, world: int, port: int, fn: Callable, args: tuple, q, timeout_s: float) -> None:
+# Imported once by the forkserver every rank forks from, instead of by each spawned rank (torch,
+# megatron-core and the harness take seconds of CPU per process; a slow pass starts hundreds).
+PRELOAD = ["torch", "torch.distributed", "megatron.core.parallel_state", "megatron.core.tensor_parallel",
+           "canzona.model.qwen3", "canzona.executor.runtime", "canzona.plan.methods", "canzona.program.lower"]
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _child(rank: int, world: int, port: int, fn: Callable, args: tuple, q, timeout_s: float,
+           env: dict[str, str]) -> None:
+    # the forkserver keeps the environment it started with: the caller's, as of this call, instead
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
@@ -61,11 +80,12 @@ def _child(rank: int, world: int, port: int, fn: Callable, args: tuple, q, timeo
 
 
 def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = 60.0) -> list[Any]:
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     q = ctx.Queue()
     port = free_port()
+    env = dict(os.environ)
     procs = [
-        ctx.Process(target=_child, args=(r, world, port, fn, args, q, timeout_s), daemon=True)
+        ctx.Process(target=_child, args=(r, world, port, fn, args, q, timeout_s, env), daemon=True)
         for r in range(world)
     ]
     for p in procs:
