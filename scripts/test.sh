@@ -4,7 +4,7 @@
 # test of the report (tests/README.md; measured times: docs/results.md).
 # For the fast inner loop use plain `pytest` (slow tests are deselected by default). The paper
 # acceptance (`pytest -m paper`: the dry run of every trial of the paper profile and the authors'
-# ladder at Qwen3-32B on 256 GPUs and the paper_projection sweep, about 19 min on 2 cores) is a CI step of
+# ladder at Qwen3-32B on 256 GPUs and the paper_projection sweep, about 14 min on 2 cores) is a CI step of
 # its own (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
