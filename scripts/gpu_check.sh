@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The prepared check for the first GPU machine (see tests/dist/test_gpu.py): the CUDA/NCCL path
-# (pytest -m gpu), a quick GPU calibration and one short bf16 trial per method, in a few minutes.
+# (pytest -m gpu), a quick GPU calibration, one short bf16 trial per method and one of the MoE model,
+# in a few minutes.
 # Missing packages travel as wheels in .whl/ (megatron-core, omegaconf, antlr4, submitit).
 # Results go to $OUT (default /tmp/gpu_check): log.txt, the calibrated hardware file, trials.json.
 set -uo pipefail
@@ -30,6 +31,11 @@ for m in canzona sync layerwise adamw; do
   run "trial-$m" 75 python3 -m canzona.run model=qwen3-8b model.width_div=4 model.num_layers=4 method=$m \
     dist.device=cuda train.steps=10 train.warmup=3 train.micro_batch=4 train.seq_len=1024 "out=/tmp/gpu_trials/$m"
 done
+# the MoE layer on CUDA (one GPU: EP 1, the router and the local experts; the dispatch's NCCL
+# all-to-alls need EP > 1, i.e. several GPUs)
+run trial-moe 90 python3 -m canzona.run model=qwen3-30b-a3b model.width_div=8 model.num_layers=2 model.num_experts=16 \
+  model.top_k=4 method=canzona dist.device=cuda train.steps=5 train.warmup=2 train.micro_batch=4 train.seq_len=1024 \
+  "out=/tmp/gpu_trials/moe"
 python3 - "$OUT/trials.json" <<'PY' >>"$LOG" 2>&1
 import json, sys, pathlib
 out = {}
