@@ -97,6 +97,16 @@ def _data_uri(svg: str | None) -> str | None:
     return "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
 
 
+def setting_text(v: Any) -> str:
+    """A config value in a table cell: unset (None / NaN: the key's default) as "default", a
+    whole number pandas made a float (a column with unset cells) as the integer."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "default"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
 def _wbr(v: Any) -> markupsafe.Markup:
     """Escaped text with a line-break opportunity after ``+ _ . , /`` (method labels such as
     zero1_atomic+async_balanced wrap there instead of widening a column)."""
@@ -340,6 +350,7 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, hardware:
     env.filters["fmt"] = fmt
     env.filters["num"] = _num
     env.filters["wbr"] = _wbr
+    env.filters["setting"] = setting_text
     env.filters["pct"] = lambda v: "–" if v is None or v != v else f"{float(v):.1f}%"
     env.filters["spct"] = lambda v: "–" if v is None or v != v else f"{float(v):+.1f}%"
     env.filters["yaml"] = lambda v: yaml.safe_dump(v, sort_keys=False, allow_unicode=True, width=100).rstrip()

@@ -489,3 +489,12 @@ def test_one_comparison_function_gives_intervals_only_from_samples(tmp_path):
             else:
                 assert s.ci_low <= s.value <= s.ci_high and s.n_steps_canzona == 4
                 assert s.value == pytest.approx(s.baseline_median / s.canzona_median, rel=1e-12)
+
+
+def test_a_setting_cell_says_default_for_unset_and_drops_a_float_point() -> None:
+    """A config column with unset cells comes back from pandas as floats with NaN: the report
+    shows "default" and whole numbers as integers (parallel.etp: "default", "1")."""
+    from analysis.report import setting_text
+
+    assert [setting_text(v) for v in (None, float("nan"), 1.0, 2, 0.5, "zero1")] == ["default", "default", "1", "2",
+                                                                                       "0.5", "zero1"]
