@@ -93,6 +93,8 @@ def time_update_tables(optimizers: tuple[str, ...] | list[str], shapes: list[tup
     refresh_cap = 0.05 if quick else 0.6
     batched: dict[str, dict[str, dict[str, float]]] = {o: {} for o in optimizers}
     rules = {o: make_rule(OptimizerSection(name=o, precondition_frequency=freq), "matrix") for o in optimizers}
+    # Muon's opt-in stacked Newton–Schulz (optimizer.batch_equal_shapes): timed on a batch of 4
+    stacked = make_rule(OptimizerSection(name="muon", batch_equal_shapes=True), "matrix") if "muon" in rules else None
     overhead: dict[str, float] = {}
     eigh_samples: list[tuple[float, float]] = []  # (refresh flops, seconds)
     deadline = time.perf_counter() + budget_s
@@ -118,7 +120,12 @@ def time_update_tables(optimizers: tuple[str, ...] | list[str], shapes: list[tup
         else:
             ovh = min(overhead[o], 0.5 * t1)
             slope = t1 - ovh
-        return {"slope_s": slope, "overhead_s": ovh, "single_s": t1}
+        entry = {"slope_s": slope, "overhead_s": ovh, "single_s": t1}
+        if o == "muon" and stacked is not None:
+            g4, s4 = fresh(stacked, m, n, 4)
+            stacked.directions(g4, s4, 2)
+            entry["stacked_slope_s"] = max((call(stacked, g4, s4, 2, reps) - ovh) / 4, 0.0)
+        return entry
 
     for o, rule in rules.items():  # per-call overhead from a tiny matrix
         g, st = fresh(rule, 8, 16, 1)

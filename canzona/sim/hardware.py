@@ -17,7 +17,7 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
       overlap: 1.0                         # fraction of async comm hidden behind host compute
     updates: {muon: {"MxN": s}, ...}       # one update of one matrix, refreshes amortised
                                            # (canzona.cost.load_measured reads this table)
-    batched: {muon: {"MxN": {slope_s, overhead_s, refresh_s}}}  # steady-state batched calls
+    batched: {muon: {"MxN": {slope_s, overhead_s, refresh_s, stacked_slope_s}}}  # steady-state batched calls
     update_overhead_s: {muon: s}           # per call per shape group when a shape is unmeasured
     ns_dtype: float32                      # the Newton-Schulz dtype the tables were timed in
     adamw_seconds_per_element: s           # direction + apply, flat tensor
@@ -291,9 +291,21 @@ class Hardware:
         amortised = d.refresh_flops((m, n), s) / self.eigh_flops / every if every else 0.0
         return d.steady_flops((m, n), s) / rate + amortised + d.elementwise_passes * 4.0 * m * n / self.memory_Bps
 
-    def matrix_batch(self, optimizer: str, m: int, n: int, ns_dtype: str = "float32", ns_steps: int = 5) -> tuple[float, float]:
-        """(overhead_s, slope_s): one batched call over c matrices of shape m×n costs overhead + c·slope."""
+    def stacked_measured(self, optimizer: str) -> bool:
+        """Whether the file times Muon's stacked Newton–Schulz (``stacked_slope_s``; calibrated
+        files from 2026-12-02 on), which ``optimizer.batch_equal_shapes`` runs."""
+        return any("stacked_slope_s" in e for e in (self.batched.get(optimizer) or {}).values())
+
+    def matrix_batch(self, optimizer: str, m: int, n: int, ns_dtype: str = "float32", ns_steps: int = 5,
+                     stacked: bool = False) -> tuple[float, float]:
+        """(overhead_s, slope_s): one batched call over c matrices of shape m×n costs overhead + c·slope;
+        ``stacked``: the slope of one stacked Newton–Schulz over them where the file times it
+        (``stacked_slope_s``), else the one-at-a-time slope."""
         table = self.batched.get(optimizer) or {}
+
+        def slope_of(e: dict) -> float:
+            return float(e["stacked_slope_s"] if stacked and "stacked_slope_s" in e else e["slope_s"])
+
         key = _shape_key(m, n)
         default_overhead = self.update_overhead.get(optimizer, self.call_overhead_s)
         dtype_scale = 1.0
@@ -301,25 +313,27 @@ class Hardware:
             dtype_scale = self._matmul_rate(optimizer, self.table_ns_dtype) / self._matmul_rate(optimizer, ns_dtype)
         if key in table:
             e = table[key]
-            return float(e.get("overhead_s", default_overhead)), float(e["slope_s"]) * dtype_scale
+            return float(e.get("overhead_s", default_overhead)), slope_of(e) * dtype_scale
         if table:
             # nearest measured shape by steady flops, scaled by the flops ratio (as MeasuredCost)
             target = steady_flops(optimizer, m, n, ns_steps)
             best = min(table, key=lambda k: abs(steady_flops(optimizer, *_parse(k), ns_steps) - target))
             ref = steady_flops(optimizer, *_parse(best), ns_steps)
-            return default_overhead, float(table[best]["slope_s"]) * target / ref * dtype_scale
+            return default_overhead, slope_of(table[best]) * target / ref * dtype_scale
         return default_overhead, self.update_seconds(optimizer, m, n, _settings(ns_steps, ns_dtype))
 
     def matrix_call(self, optimizer: str, shapes: Iterable[tuple[int, int]], ns_dtype: str = "float32",
-                    ns_steps: int = 5) -> float:
+                    ns_steps: int = 5, stacked: bool = False) -> float:
         """One `MatrixUpdates.directions` call over these matrices: the rule runs matrix by matrix,
-        so per shape a call of c matrices costs the table's ``overhead + c·slope`` (as calibrated)."""
+        so per shape a call of c matrices costs the table's ``overhead + c·slope`` (as calibrated);
+        with ``stacked`` (Muon's ``optimizer.batch_equal_shapes``) a group of two or more equal
+        shapes takes the stacked slope (a group of one runs the one-matrix path)."""
         counts: dict[tuple[int, int], int] = {}
         for s in shapes:
             counts[s] = counts.get(s, 0) + 1
         total = 0.0
         for (m, n), c in counts.items():
-            overhead, slope = self.matrix_batch(optimizer, m, n, ns_dtype, ns_steps)
+            overhead, slope = self.matrix_batch(optimizer, m, n, ns_dtype, ns_steps, stacked and c > 1)
             total += overhead + c * slope
         return total
 

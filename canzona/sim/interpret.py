@@ -75,6 +75,8 @@ class ProgramSim:
         self.tl = Timeline(self.world, hw.overlap, scale)
         self.opt = cfg.optimizer.name if plan.matrix_rule else "adamw"
         self.ns = (cfg.optimizer.ns_dtype, cfg.optimizer.ns_steps)
+        # Muon's opt-in stacked Newton–Schulz over a call's equal shapes (`Hardware.matrix_call`)
+        self.stacked = self.opt == "muon" and bool(getattr(cfg.optimizer, "batch_equal_shapes", False))
         self.pending: dict[tuple, dict[int, tuple[float, Any]]] = {}
         self.handles: dict[tuple, Handle] = {}
         self.comms = [comm_of(p) for p in self.programs]
@@ -422,7 +424,7 @@ class ProgramSim:
             return seconds
         if isinstance(a, Compute):
             shapes = [shape for i in a.items for _, shape in params[i].matrices]
-            seconds = hw.matrix_call(self.opt, shapes, *self.ns)
+            seconds = hw.matrix_call(self.opt, shapes, *self.ns, stacked=self.stacked)
         elif isinstance(a, Apply):
             seconds = hw.apply(params[i].local_numel(space.split_over(i, self.tp)) for i in a.items)
         elif isinstance(a, Elementwise):

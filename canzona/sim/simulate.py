@@ -101,6 +101,10 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
         (f"Megatron TP all-reduces of b·s·hidden {hw.model_dtype} activations: 2 per layer + 1 embedding forward, "
          "2 per layer + 1 output layer backward, 3 small cross-entropy all-reduces; no sequence parallelism"),
     ]
+    if opt == "muon" and getattr(cfg.optimizer, "batch_equal_shapes", False):
+        out.append("optimizer.batch_equal_shapes: each call's equal-shape matrices in one stacked Newton–Schulz, "
+                   + ("priced from the hardware file's stacked timing (stacked_slope_s)" if hw.stacked_measured(opt)
+                      else "priced as one at a time: the hardware file has no stacked timing (calibrate it)"))
     if cfg.model_cfg().moe:
         mcfg, lay = cfg.model_cfg(), cfg.expert_layout()
         out.append(

@@ -67,6 +67,9 @@ def test_quick_calibration_in_process(tmp_path: Path) -> None:
     assert hw["model"]["source"].startswith("estimated")
     assert hw["calibration"]["collectives_source"] == "placeholder" and hw["calibration"]["compute_processes"] == 1
     assert any("placeholders" in note for note in hw["notes"])
+    # Muon's stacked Newton-Schulz (optimizer.batch_equal_shapes) is timed beside the loop, per shape
+    muon = hw["batched"]["muon"]
+    assert muon and all(e["stacked_slope_s"] >= 0.0 for e in muon.values())
 
 
 @pytest.mark.slow

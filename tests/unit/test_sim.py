@@ -480,3 +480,22 @@ def test_moe_expert_buffer_reduces_over_the_expert_dp_groups() -> None:
     sim.run()
     assert {"dp", "edp"} <= set(sim.tl.streams)
     assert all(t > 0 for t in sim.tl.streams["edp"])  # every rank's expert reductions took time
+
+
+def test_batch_equal_shapes_prices_each_equal_shape_group_at_the_stacked_slope() -> None:
+    """optimizer.batch_equal_shapes: a call's equal-shape matrices take the file's stacked
+    slope (a group of one keeps the one-matrix slope); a file without stacked timings prices
+    them one at a time and the projection says so."""
+    hw = Hardware(toy_hardware(slope_s=MS))
+    plain = hw.matrix_call("muon", [(64, 192)] * 4 + [(192, 64)], stacked=True)
+    assert plain == pytest.approx(5 * MS) and not hw.stacked_measured("muon")
+    data = toy_hardware(slope_s=MS)
+    for entry in data["batched"]["muon"].values():
+        entry["stacked_slope_s"] = 0.25 * MS
+    fast = Hardware(data)
+    assert fast.stacked_measured("muon")
+    assert fast.matrix_call("muon", [(64, 192)] * 4 + [(192, 64)], stacked=True) == pytest.approx(4 * 0.25 * MS + MS)
+    assert fast.matrix_call("muon", [(64, 192)] * 4, stacked=False) == pytest.approx(4 * MS)
+    cfg = load_config([*TINY, "model.num_layers=4", "method=sync", "optimizer.batch_equal_shapes=true"])
+    assert project(cfg, data)["optimizer_step_ms"] < project(cfg, toy_hardware(slope_s=MS))["optimizer_step_ms"]
+    assert any("priced as one at a time" in a for a in project(cfg, toy_hardware(slope_s=MS))["assumptions"])
