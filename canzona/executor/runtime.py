@@ -80,7 +80,7 @@ class Runtime:
         self._main = [self.buffers.param_buf[a:b].float() for a, b in program.main_ranges]
         self.recorder = Recorder()
         self.comm = Communicator(ctx.dp_group, ctx.tp_group, ctx.device, self.recorder,
-                                 edp_group=getattr(ctx, "edp_group", None), etp_group=getattr(ctx, "etp_group", None))
+                                 edp_group=ctx.edp_group, etp_group=ctx.etp_group)
         self.matrices = MatrixUpdates(space.params, optimizer_cfg)
         self.elementwise = ElementwiseUpdates(optimizer_cfg)
         self.tp_dims = {i: p.tp_dim for i, p in enumerate(space.params) if p.tp_dim is not None}

@@ -130,18 +130,18 @@ class MoeLowering:
                         for p in plan.experts.plans]
         self._shift: dict[int, _Shift] = {}
 
-    def shift(self, ep_rank: int, space: RankSpace) -> _Shift:
+    def shift(self, ep_rank: int, rank: int) -> _Shift:
+        """The mover into the space of ``rank``, whose EP rank is ``ep_rank`` (one per EP rank)."""
         if ep_rank not in self._shift:
-            self._shift[ep_rank] = _Shift(space, self.plan.dp)
+            self._shift[ep_rank] = _Shift(rank_space(self.plan, rank), self.plan.dp)
         return self._shift[ep_rank]
 
     def program(self, rank: int) -> Program:
         dense = self.dense
         d, t = dense.grid.coords(rank)
         ed, e, et = self.layout.coords(rank)
-        space = rank_space(self.plan, rank)
         low = self.experts[e]
-        mv = self.shift(e, space)
+        mv = self.shift(e, rank)
         ex = self.plan.execution
 
         # forward and backward: one of each, both buffers' hooks and reductions

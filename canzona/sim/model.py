@@ -176,13 +176,14 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
         # reverse registration order; an MoE layer's experts (last in the rank's space) come first
         members = sorted(by_layer[layer], reverse=True)
         moe_members = [i for i in members if _moe_param(params[i])]
+        moe_set = set(moe_members)
         moe_numel = sum(params[i].numel for i in moe_members) or 1
         for k, i in enumerate(members):
             p = params[i]
             sec = bw.layer_s / len(members) + hook(i) + (recompute[layer] if k == 0 else 0.0)
             if is_matmul(i):
                 sec += 4.0 * tokens * p.local_numel(tp) / bw.flops_per_s
-            elif moe_members and i in moe_members:  # the layer's expert backward, by weight share
+            elif i in moe_set:  # the layer's expert backward, by weight share
                 sec += 2.0 * moe_flops * p.numel / moe_numel / bw.flops_per_s
                 if i == moe_members[0]:
                     sec += moe_comm  # the dispatch and combine again, backward

@@ -19,6 +19,7 @@ import zlib
 
 import pytest
 import torch
+from util import global_rel
 
 pytestmark = pytest.mark.slow
 
@@ -186,12 +187,6 @@ TRAIN = ["model=qwen3-30b-a3b", "model.width_div=32", "model.num_layers=2", "mod
          "optimizer=muon", "planner.cost=numel"]
 
 
-def _global_rel(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
-    num = sum(((got[n] - w).double() ** 2).sum() for n, w in want.items()) ** 0.5
-    den = sum((w.double() ** 2).sum() for w in want.values()) ** 0.5
-    return float(num / den)
-
-
 def test_moe_trials_train_as_single_process(tmp_path) -> None:
     """Three Muon steps of the MoE model through the real trial runner (`canzona.run`: model,
     token dispatch over EP, the executor) at DP 2 × EP 2 and DP 2 × TP 2 × EP 2 (sequence
@@ -215,11 +210,11 @@ def test_moe_trials_train_as_single_process(tmp_path) -> None:
     from canzona.model.qwen3 import init_full_state_dict
 
     init = init_full_state_dict(load_config(TRAIN).model_cfg(), 7)
-    moved = _global_rel(init, got["single"])
+    moved = global_rel(init, got["single"])
     for name in ("dp2ep2", "dp2tp2ep2"):
         s = summaries[name]
         assert list(got[name]) == list(init), name  # every expert, in the full inventory's order
-        err = _global_rel(got[name], got["single"])
+        err = global_rel(got[name], got["single"])
         assert err <= 1e-5, f"{name}: relative L2 difference {err:.2e}"
         assert moved > 100 * max(err, 1e-12), "training did not move the parameters enough for the check to mean anything"
         assert s["program_check"]["ok"] and s["matrix_owner_counts"] == {"min": 1, "max": 1}, name

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from util import global_rel
 
 pytestmark = pytest.mark.slow
 
@@ -216,13 +217,6 @@ def test_executor_makes_the_calls_its_program_lists(layout_results) -> None:
 TRAIN_OPT = {"muon": [], "adamw": ["optimizer.eps=1e-6"]}
 
 
-def _global_rel(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
-    """||got - want|| / ||want|| over the whole parameter vector (L2)."""
-    num = sum(((got[n] - w).double() ** 2).sum() for n, w in want.items()) ** 0.5
-    den = sum((w.double() ** 2).sum() for w in want.values()) ** 0.5
-    return float(num / den)
-
-
 @pytest.fixture(scope="module")
 def reference_params(tmp_path_factory):
     """Single-process (dp=1, tp=1) parameters after 3 training steps, per optimizer."""
@@ -259,9 +253,9 @@ def test_three_training_steps_match_single_process(tmp_path, reference_params, l
     got = torch.load(tmp_path / "p.pt")
     want = reference_params[optimizer]
     assert sorted(got) == sorted(want)
-    err = _global_rel(got, want)
+    err = global_rel(got, want)
     assert err <= 1e-5, f"{method} {layout}: relative L2 difference {err:.2e}"
-    moved = _global_rel(init_params(cfg), want)
+    moved = global_rel(init_params(cfg), want)
     assert moved > 100 * max(err, 1e-12), "training did not move the parameters enough for the check to mean anything"
     if method == "canzona" and optimizer == "muon":
         assert summary["matrix_owner_counts"] == {"min": 1, "max": 1}
@@ -285,7 +279,7 @@ def test_another_tokenizer_and_tied_output_layer_train_as_single_process(tmp_pat
     assert summary["program_check"]["ok"] and model_label(summary["config"]) == "qwen3-8b/w64l2/v50257/tied"
     assert "output_layer.weight" not in got["dp2"]
     assert got["dp2"]["embedding.word_embeddings.weight"].shape[0] == 50304 // 64
-    assert _global_rel(got["dp2"], got["single"]) <= 1e-5
+    assert global_rel(got["dp2"], got["single"]) <= 1e-5
 
 
 @pytest.mark.parametrize("method,extra", [("canzona", []), ("sync", []), ("canzona", ["train.recompute=full"])])
@@ -302,7 +296,7 @@ def test_sequence_parallel_trains_as_single_process(tmp_path, reference_params, 
                        *extra, f"save_params={tmp_path}/p.pt"])
     summary = run_trial(cfg, tmp_path)
     assert summary["program_check"]["ok"]
-    err = _global_rel(torch.load(tmp_path / "p.pt"), reference_params["muon"])
+    err = global_rel(torch.load(tmp_path / "p.pt"), reference_params["muon"])
     assert err <= 1e-5, f"{method} {extra}: relative L2 difference {err:.2e}"
 
 
@@ -353,9 +347,9 @@ def test_three_bf16_training_steps_match_single_process(tmp_path, bf16_reference
     assert summary["plan"]["execution"]["dtype"] == "bfloat16" and summary["program_check"]["ok"]
     got = {k: v.double() for k, v in torch.load(tmp_path / "p.pt").items()}
     ref = bf16_references[optimizer]
-    tolerance = _global_rel(ref["bf16"], ref["fp32"])
-    err = _global_rel(got, ref["bf16"])
-    moved = _global_rel({k: v.to(torch.bfloat16).double() for k, v in init_params(cfg).items()}, ref["bf16"])
+    tolerance = global_rel(ref["bf16"], ref["fp32"])
+    err = global_rel(got, ref["bf16"])
+    moved = global_rel({k: v.to(torch.bfloat16).double() for k, v in init_params(cfg).items()}, ref["bf16"])
     assert err <= tolerance, f"{method}: {err:.2e} from the bf16 reference, bf16 itself is {tolerance:.2e} from fp32"
     assert moved > 3 * tolerance, "training did not move the parameters enough for the check to mean anything"
 
@@ -410,7 +404,7 @@ def test_gradient_accumulation_equals_data_parallelism(tmp_path) -> None:
                                          "dist.threads_per_rank=1", f"save_params={out}/p.pt"]), out)
         assert summary["program_check"]["ok"]
         got[name] = torch.load(out / "p.pt")
-    assert _global_rel(got["accum"], got["dp"]) <= 1e-6
+    assert global_rel(got["accum"], got["dp"]) <= 1e-6
 
 
 def test_accumulated_micro_batches_wait_for_the_overlapped_gathers_once(tmp_path) -> None:

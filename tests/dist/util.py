@@ -7,7 +7,8 @@ in rank order. ``fn`` must be a module-level function; it initialises its own pr
 (e.g. ``canzona.model.init_parallel``) and its result must be torch.save-able. With
 ``CANZONA_NCCL_RULES=1`` in the environment (``conftest.py`` sets it for every test here) each
 child installs `canzona.dist_rules` before calling ``fn``: a collective NCCL would refuse raises
-`canzona.dist_rules.NcclRuleError` in the child, re-raised here as `ChildError`. A child's
+`canzona.dist_rules.NcclRuleError` in the child, re-raised here as `ChildError`.
+``global_rel`` is the training-parity tests' distance between two parameter dicts. A child's
 exception is re-raised here with the child's traceback; a run that exceeds ``timeout_s`` is
 killed (its stacks are dumped to stderr shortly before) and raises ``TimeoutError``. The ranks
 fork from one forkserver per test session that has imported torch, megatron-core and the
@@ -77,6 +78,13 @@ def _child(rank: int, world: int, port: int, fn: Callable, args: tuple, q, timeo
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
+
+
+def global_rel(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
+    """||got - want|| / ||want|| over the whole parameter vector (L2)."""
+    num = sum(((got[n] - w).double() ** 2).sum() for n, w in want.items()) ** 0.5
+    den = sum((w.double() ** 2).sum() for w in want.values()) ** 0.5
+    return float(num / den)
 
 
 def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = 60.0) -> list[Any]:
