@@ -35,6 +35,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+# Run as a script, this folder is sys.path[0], where canzona/peers/megatron.py would shadow the
+# megatron package: drop it (spawned ranks inherit the path).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
 SHIM_TEXT = (
     "CPU shim (no CUDA device): factory calls with device='cuda' allocate on the CPU and Tensor.cuda() is "
     "the identity; CPU float tensors report torch.cuda.*Tensor to Tensor.type() (megatron's bf16 optimizer "
