@@ -1,0 +1,1 @@
+"""Tests of the peers: the field's own implementations run as methods."""
