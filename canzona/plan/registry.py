@@ -17,10 +17,20 @@ from typing import NamedTuple
 
 from baselines import ddp, duplicated, layerwise, zero1_atomic
 from canzona.errors import ConfigError
-from canzona.plan.strategies import async_balanced, async_groups, balanced, local, zero1
+from canzona.plan.strategies import (
+    async_balanced,
+    async_groups,
+    balanced,
+    layerwise_sharded,
+    layerwise_sharded_ns,
+    local,
+    zero1,
+)
 from canzona.plan.types import DpStrategy, TpStrategy
 
-DP_STRATEGIES: dict[str, DpStrategy] = {m.NAME: m for m in (ddp, zero1_atomic, balanced, layerwise, zero1)}  # type: ignore[misc]
+DP_STRATEGIES: dict[str, DpStrategy] = {  # type: ignore[misc]
+    m.NAME: m for m in (ddp, zero1_atomic, balanced, layerwise, zero1, layerwise_sharded, layerwise_sharded_ns)
+}
 TP_STRATEGIES: dict[str, TpStrategy] = {m.NAME: m for m in (duplicated, async_groups, async_balanced, local)}  # type: ignore[misc]
 
 
@@ -36,9 +46,13 @@ PRESETS: dict[str, Preset] = {
     "layerwise": Preset("layerwise", "duplicated", "Megatron-LM's layer-wise optimizer: whole params by LPT on numel"),
     "adamw": Preset("zero1", "local", "the reference: Megatron's ZeRO-1 with AdamW everywhere"),
     "atomic": Preset("zero1_atomic", "duplicated", "the authors' default Muon run: whole-tensor ZeRO-1, TP sync"),
+    "layerwise_sharded": Preset("layerwise_sharded", "duplicated",
+                                "megatron-core 0.19's layer-wise optimizer: shard-aligned buckets, LPT on numel per bucket"),
+    "layerwise_sharded_ns": Preset("layerwise_sharded_ns", "duplicated",
+                                   "Megatron-LM main's layer-wise optimizer: shard-aligned buckets, Newton-Schulz-cost deal"),
 }
 # Presets in the order tables list them (the reference last).
-METHOD_ORDER = ("canzona", "atomic", "sync", "layerwise", "adamw")
+METHOD_ORDER = ("canzona", "atomic", "sync", "layerwise", "layerwise_sharded", "layerwise_sharded_ns", "adamw")
 # The authors' ladder, from the fully synchronous run to Canzona, one feature added per rung:
 # (rung, the rung it adds to, the feature). Both orders of the two balances are on it.
 LADDER = (
@@ -85,7 +99,13 @@ def method_rank(method: str) -> tuple[int, int, str]:
     rungs = [name for name, _, _ in LADDER]
     if r in rungs:
         return (1, rungs.index(r), method)
-    return (3 if method == "layerwise" else 2, 0, method)
+    if method in _LAYERWISE:
+        return (3, _LAYERWISE.index(method), method)
+    return (2, 0, method)
+
+
+# Megatron's layer-wise optimizers, oldest first (0.16, 0.19, main): ranked after the other pairs.
+_LAYERWISE = ("layerwise", "layerwise_sharded", "layerwise_sharded_ns")
 
 
 def elementwise_only(dp: str) -> bool:

@@ -1,0 +1,19 @@
+"""DP strategy ``layerwise_sharded_ns``: Megatron-LM main's layer-wise optimizer, whose
+shard-aligned buckets deal matrices by Newton-Schulz cost (``max·min²``) with a soft-minimum
+bucket size. The rule and how the harness runs it: `canzona.plan.strategies.layerwise_sharded`
+(docs/design.md §1)."""
+
+from __future__ import annotations
+
+from canzona.plan.strategies.layerwise_sharded import layout_for
+from canzona.plan.types import DpLayout, PlanInputs
+
+NAME = "layerwise_sharded_ns"
+SUMMARY = ("Megatron-LM main's layer-wise optimizer: whole matrices dealt per shard-aligned bucket by Newton-Schulz "
+           "cost (max·min²); all-reduce on the shared buffer; padded all-gather of the owned params")
+RUNG = None
+ELEMENTWISE_ONLY = False
+
+
+def candidates(inputs: PlanInputs, tp_split: frozenset[int]) -> list[DpLayout]:
+    return [layout_for(inputs, "main")]
