@@ -28,7 +28,7 @@ MODEL = ["model=qwen3-8b", "model.width_div=64", "model.num_layers=2", "train.se
 # rank's shards: its combos (FP32_NORM) are held to FP32_NORM_REL instead.
 STEP_MODEL = ["model=qwen3-8b", "model.width_div=32", "model.num_layers=2", "train.seed=7", "train.dtype=fp32",
               "optimizer.clip_norm_dtype=float64"]
-METHODS = ["canzona", "atomic", "sync", "layerwise", "adamw"]
+METHODS = ["canzona", "atomic", "sync", "layerwise", "layerwise_sharded", "layerwise_sharded_ns", "adamw"]
 OPTIMIZERS = ["muon", "shampoo", "soap", "adamw"]
 LAYOUTS = {"dp2": (2, 1), "tp2": (1, 2), "dp2tp2": (2, 2)}
 WIDE_LAYOUTS = {"dp4": (4, 1), "tp4": (1, 4), "dp2tp4": (2, 4)}  # uneven and empty shards, 4-way TP

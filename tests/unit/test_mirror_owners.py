@@ -27,7 +27,9 @@ from canzona.plan.methods import make_plan, plan_inputs
 from canzona.plan.strategies.layerwise_sharded import (
     assign,
     bucket_size_of,
+    carries_own_buffer,
     managed,
+    own_buffer_layout,
     shard_aligned_buckets,
     shard_divisor,
 )
@@ -116,7 +118,9 @@ def test_plan_holds_megatrons_owners(method: str, rule: str, dp: int, tp: int) -
     plan = make_plan(cfg)
     inputs = plan_inputs(cfg, NumelCost())  # the owners read no cost
     got = assign(inputs, rule)  # the bucket size recovered from the shared buffer
-    assert plan.dp_owner == got.owners == assign(inputs, rule, 3_000_000).owners
+    assert got.owners == assign(inputs, rule, 3_000_000).owners
+    # the AdamW params' owners depend on the buffer (module docstring), the matrices' do not
+    assert plan.dp_owner == (own_buffer_layout(inputs, rule)[2] if carries_own_buffer() else got.owners)
     mine = [i for i, p in enumerate(inputs.params) if managed(p)]
     assert [inputs.params[i].kind for i in mine] == ["matrix"] * len(mine)
     numels = [inputs.params[i].local_numel(tp) for i in mine]
@@ -124,9 +128,49 @@ def test_plan_holds_megatrons_owners(method: str, rule: str, dp: int, tp: int) -
     want = _owners(shard_aligned_buckets(numels, 3_000_000, dp, rule=rule, shapes=shapes), len(mine))
     assert [plan.dp_owner[i] for i in mine] == want
     assert all(o is not None and 0 <= o < dp for o in plan.dp_owner)
-    assert (plan.grad_reduce, plan.param_sync) == ("all_reduce", "owned_params")
+    if carries_own_buffer():  # Megatron's buffer: even collectives on its layer-wise buckets
+        assert (plan.grad_reduce, plan.param_sync) == ("reduce_scatter", "shards")
+        assert plan.layout == own_buffer_layout(inputs, rule)[0] != inputs.layout
+    else:  # the shared buffer: all-reduce, padded gather of the owned params
+        assert (plan.grad_reduce, plan.param_sync) == ("all_reduce", "owned_params")
+        assert plan.layout == inputs.layout
     assert plan.tp_mode == ("duplicated" if tp > 1 else "local")
     assert len(set(want)) == dp  # every rank owns some matrix
+
+
+@pytest.mark.parametrize("rule", ["0.19", "main"])
+@pytest.mark.parametrize("model,dp,tp", [("qwen3-0.6b", 8, 1), ("qwen3-8b", 32, 8), ("qwen3-8b", 4, 2)])
+def test_own_buffer_is_megatrons_two_buffers_in_one(rule: str, model: str, dp: int, tp: int) -> None:
+    cfg = load_config([f"model={model}", f"parallel.dp={dp}", f"parallel.tp={tp}", "method=layerwise_sharded"])
+    inputs = plan_inputs(cfg, NumelCost())
+    layout, ranges, owners = own_buffer_layout(inputs, rule)
+    got = assign(inputs, rule)
+    slots = [s for b in layout.buckets for s in b.params]
+    assert sorted(s.index for s in slots) == list(range(len(inputs.params)))  # every param once
+    assert all(s.numel == inputs.params[s.index].local_numel(tp) for s in slots)
+    assert [b.start for b in layout.buckets] == [0] + [b.end for b in layout.buckets[:-1]]
+    assert layout.numel == layout.buckets[-1].end
+    managed_set = set(got.managed)
+    aligned = 0
+    for b, rr in zip(layout.buckets, ranges):
+        cover = sorted(r for r in rr if r[1] > r[0])  # disjoint, covering the bucket
+        assert cover[0][0] == b.start and cover[-1][1] == b.end
+        assert all(x[1] == y[0] for x, y in zip(cover, cover[1:]))
+        for s in b.params:  # each param whole inside its owner's shard
+            a, e = rr[owners[s.index]]
+            assert a <= s.start and s.end <= e
+        if {s.index for s in b.params} <= managed_set:  # Megatron's layer-wise bucket: equal shards
+            aligned += 1
+            width = rr[0][1] - rr[0][0]
+            assert all(rr[r] == (b.start + r * width, b.start + (r + 1) * width) for r in range(dp))
+        else:
+            assert not {s.index for s in b.params} & managed_set  # the buffers never mix
+    assert aligned == len(got.buckets)
+    assert [owners[i] for i in got.managed] == [got.owners[i] for i in got.managed]
+    # buckets in the order their last gradient arrives: the first param (registration order) of
+    # each is later than the next one's
+    firsts = [min(s.index for s in b.params) for b in layout.buckets]
+    assert firsts == sorted(firsts, reverse=True)
 
 
 # ---------------------------------------------------------------- megatron-core 0.19.2's own code

@@ -33,21 +33,27 @@ and Megatron's buckets. Every harness method reduces the *same* buffer (`canzona
 megatron-core 0.16's layout, one buffer in reverse registration order), whose shard ranges are
 one contiguous range per DP rank and bucket (`canzona.plan.types.DpLayout`). 0.19's shards are
 not contiguous there -- LPT reorders a bucket's params by owner -- so the lowering cannot express
-0.19's reduce-scatter on that buffer without cutting a matrix. The candidate layout is therefore
-0.19's *owners* with the collectives that carry any ownership on the shared buffer: gradients
-all-reduced, each rank's updated params all-gathered packed and padded to the widest
-(``param_sync="owned_params"``, as ``layerwise``). Owners -- hence the optimizer step and its
-balance -- are Megatron's exactly (tests/unit/test_mirror_owners.py holds them to megatron's own
-function); the gradient reduction moves an all-reduce's volume, 2(P-1)/P of the buffer per rank,
-where 0.19's reduce-scatter moves (P-1)/P of its padded buffer. `aligned_layout` builds 0.19's
-own buffer (its buckets, padding and per-shard order as a `BufferLayout`, with its equal shard
-ranges) for the day a `DpLayout` may carry a buffer of its own; with it the layout would be
-``DpLayout("reduce_scatter", "shards", equal ranges, owners)`` and every collective even.
+0.19's reduce-scatter on that buffer without cutting a matrix. Two candidates, by what the
+harness's `DpLayout` can say:
+
+- With a buffer of the strategy's own (a ``layout`` field on `DpLayout`, which the composer then
+  gives the plan: `carries_own_buffer`), `own_buffer`: Megatron's layer-wise buckets as they are
+  (equal shards in rank order, each the concatenation of its owner's params, padded: even
+  reduce-scatter, even all-gather), beside the other params' buckets (below).
+- Without one (this tree's `DpLayout`), 0.19's *owners* with the collectives that carry any
+  ownership on the shared buffer: gradients all-reduced, each rank's updated params all-gathered
+  packed and padded to the widest (``param_sync="owned_params"``, as ``layerwise``). The owners --
+  hence the optimizer step and its balance -- are Megatron's exactly; the gradient reduction
+  moves an all-reduce's volume, 2(P-1)/P of the buffer per rank, where 0.19's reduce-scatter
+  moves (P-1)/P of its padded buffer.
+
+tests/unit/test_mirror_owners.py holds the owners to megatron-core 0.19.2's own function.
 
 The AdamW params Megatron keeps in its other buffer (norms, the embedding and output layer),
-which Megatron's distributed optimizer shards elementwise, are given whole owners here (the
-lowering needs every param owned under ``owned_params``): largest first, each to the rank that
-holds the fewest elements so far, the matrices counted, so that optimizer state stays even.
+which Megatron's distributed optimizer shards elementwise, are owned whole here, as the lowering
+needs when matrices have whole owners: on the shared buffer largest first, each to the rank that
+holds the fewest elements so far, the matrices counted, so that optimizer state stays even; in
+its own buffer as `own_buffer` says.
 
 The bucket size is not among the planner's inputs; `bucket_size_of` recovers it from the shared
 buffer's bucket boundaries (an interval of sizes that give them), preferring Megatron's default
@@ -257,25 +263,82 @@ def assign(inputs: PlanInputs, rule: str = "0.19", bucket_size: int | None = -1)
     return Assignment(mine, tuple(buckets), tuple(owners))
 
 
-def aligned_layout(inputs: PlanInputs, rule: str = "0.19",
-                   bucket_size: int | None = -1) -> tuple[BufferLayout, tuple[tuple[tuple[int, int], ...], ...]]:
-    """Megatron's own layer-wise buffer of ``inputs``' managed params as a `BufferLayout` (slots
-    in buffer order; ``index``: the inventory index) and its equal shard ranges per bucket. The
-    other params are not in it (Megatron keeps them in a second buffer)."""
+Ranges = tuple[tuple[int, int], ...]  # per DP rank, (start, end) in one bucket
+
+
+def own_buffer(inputs: PlanInputs, rule: str = "0.19", bucket_size: int | None = -1) -> DpLayout:
+    """`own_buffer_layout` as the candidate with a buffer of its own: reduce-scatter into its
+    shards, all-gather of them (needs a `DpLayout` with a ``layout`` field)."""
+    if not carries_own_buffer():
+        raise NotImplementedError("this harness's DpLayout cannot carry a buffer of its own (a 'layout' field)")
+    layout, ranges, owners = own_buffer_layout(inputs, rule, bucket_size)
+    return DpLayout("reduce_scatter", "shards", ranges, owners, layout=layout)  # type: ignore[call-arg]
+
+
+def own_buffer_layout(inputs: PlanInputs, rule: str = "0.19", bucket_size: int | None = -1,
+                      ) -> tuple[BufferLayout, tuple[Ranges, ...], tuple[int, ...]]:
+    """Megatron's own buffers of ``inputs`` as one harness buffer: its layout, shard ranges per
+    bucket and every param's DP owner.
+
+    The layer-wise buckets (`shard_aligned_buckets`: slots in buffer order, shard by shard;
+    equal shard ranges in rank order, so the lowering picks even collectives) and the other
+    params' buckets, laid out by Megatron's distributed optimizer's rule (the 0.16 one of
+    `canzona.plan.buckets.build_layout`, on those params alone) and shared at parameter ends
+    as evenly as the ends allow (`canzona.plan.dp.alpha_cuts` at alpha 0: whole params, where
+    Megatron's ZeRO-1 cuts them; the lowering's uneven collective moves them). Megatron's two
+    buffers reduce independently; one harness buffer hands its buckets out in order, so the
+    buckets are laid in the order their last gradient arrives (backprop order)."""
+    from canzona.plan import dp as dpmod
+    from canzona.plan.buckets import build_layout
+
+    if bucket_size == -1:
+        bucket_size = bucket_size_of(inputs.layout, inputs.params)
     got = assign(inputs, rule, bucket_size)
-    buckets, ranges = [], []
-    for n, b in enumerate(got.buckets):
-        slots = tuple(ParamSlot(got.managed[k], start, end) for k, start, end, _ in b.members)
-        buckets.append(Bucket(n, b.start, b.end, slots))
-        ranges.append(tuple((b.start + s * b.shard, b.start + (s + 1) * b.shard) for s in range(inputs.dp)))
-    numel = buckets[-1].end if buckets else 0
-    return BufferLayout(tuple(buckets), numel, inputs.dp, inputs.tp), tuple(ranges)
+    dp, tp = inputs.dp, inputs.tp
+    # (first param in registration order, slots at offsets from 0, ranges from 0, owners)
+    parts: list[tuple[int, tuple[ParamSlot, ...], int, Ranges]] = []
+    for b in got.buckets:
+        slots = tuple(ParamSlot(got.managed[k], start - b.start, end - b.start) for k, start, end, _ in b.members)
+        equal = tuple((s * b.shard, (s + 1) * b.shard) for s in range(dp))
+        parts.append((min(sl.index for sl in slots), slots, b.end - b.start, equal))
+    owners = list(got.owners)
+    managed_set = set(got.managed)
+    rest = [i for i in range(len(inputs.params)) if i not in managed_set]
+    if rest:
+        sub = build_layout([inputs.params[i] for i in rest], dp=dp, tp=tp,
+                           bucket_size=bucket_size if bucket_size is not None else 1 << 62)
+        cuts = dpmod.alpha_cuts(sub, {k: float(inputs.params[i].local_numel(tp)) for k, i in enumerate(rest)}, 0.0)
+        sub_ranges = dpmod.ranges_from_cuts(cuts)
+        for k, r in dpmod.owners_from_ranges(sub, sub_ranges).items():
+            owners[rest[k]] = r
+        for b, rr in zip(sub.buckets, sub_ranges):
+            slots = tuple(ParamSlot(rest[sl.index], sl.start - b.start, sl.end - b.start) for sl in b.params)
+            parts.append((min(sl.index for sl in slots), slots, b.numel,
+                          tuple((x - b.start, y - b.start) for x, y in rr)))
+    parts.sort(key=lambda part: -part[0])  # the bucket whose last gradient comes first, first
+    buckets: list[Bucket] = []
+    ranges: list[Ranges] = []
+    at = 0
+    for n, (_, slots, numel, rr) in enumerate(parts):
+        buckets.append(Bucket(n, at, at + numel, tuple(ParamSlot(sl.index, sl.start + at, sl.end + at) for sl in slots)))
+        ranges.append(tuple((x + at, y + at) for x, y in rr))
+        at += numel
+    return BufferLayout(tuple(buckets), at, dp, tp), tuple(ranges), tuple(owners)
 
 
 def layout_for(inputs: PlanInputs, rule: str) -> DpLayout:
-    """The candidate on the shared buffer: Megatron's owners, all-reduce, padded owned gather."""
+    """The strategy's candidate: Megatron's own buffer where a `DpLayout` can carry one
+    (`own_buffer`), else on the shared buffer Megatron's owners with an all-reduce and the padded
+    gather of owned params."""
+    if carries_own_buffer():
+        return own_buffer(inputs, rule)
     return DpLayout("all_reduce", "owned_params", None, assign(inputs, rule).owners)
 
 
 def candidates(inputs: PlanInputs, tp_split: frozenset[int]) -> list[DpLayout]:
     return [layout_for(inputs, "0.19")]
+
+
+def carries_own_buffer() -> bool:
+    """Whether this harness's `DpLayout` can carry a buffer of its own (then `own_buffer` runs)."""
+    return "layout" in DpLayout.__dataclass_fields__
