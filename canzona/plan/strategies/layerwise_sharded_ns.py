@@ -10,7 +10,7 @@ from canzona.plan.types import DpLayout, PlanInputs
 
 NAME = "layerwise_sharded_ns"
 SUMMARY = ("Megatron-LM main's layer-wise optimizer: whole matrices dealt per shard-aligned bucket by Newton-Schulz "
-           "cost (max·min²); all-reduce on the shared buffer; padded all-gather of the owned params")
+           "cost (max·min²), as layerwise_sharded otherwise")
 RUNG = None
 ELEMENTWISE_ONLY = False
 
