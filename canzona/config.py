@@ -20,6 +20,7 @@ from canzona.layout import ExpertLayout
 from canzona.optim import registry as optimizers
 from canzona.optim.section import OptimizerSection
 from canzona.overrides import Arguments, Renamed, build, move_keys, parent_mapping, split_argv, upgrade_keys
+from canzona.peers import PEERS, TP_MODES
 from canzona.plan import registry as methods
 from canzona.schema_doc import KeyDoc, check_choices, key_docs, setting
 
@@ -59,8 +60,9 @@ class MethodSection:
     (``method.name``) is a preset that sets both; ``method.dp`` / ``method.tp`` given beside it
     win. A validated config has both filled in, and ``name`` only when the pair is a preset's."""
 
-    name: str | None = setting("canzona", "a preset naming a DP and a TP strategy (shorthand method=NAME)",
-                               choices=tuple(methods.PRESETS))
+    name: str | None = setting("canzona", "a preset naming a DP and a TP strategy, or a peer: the field's own "
+                                          "code run as a method (canzona.peers; shorthand method=NAME)",
+                               choices=(*methods.PRESETS, *PEERS))
     dp: str | None = setting(None, "the DP strategy: who owns which gradient and update over DP; null: the "
                                    "preset's", choices=tuple(methods.DP_STRATEGIES))
     tp: str | None = setting(None, "the TP strategy: who computes each TP-split matrix's update; null: the "
@@ -74,7 +76,28 @@ class MethodSection:
     @property
     def rung(self) -> str | None:
         """The authors' ablation-ladder name of the pair (``1_0-0_0``), if it is on the ladder."""
-        return methods.rung(str(self.dp), str(self.tp))
+        return None if self.peer else methods.rung(str(self.dp), str(self.tp))
+
+    @property
+    def peer(self) -> bool:
+        """Is the method a peer (someone else's code, `canzona.peers`), not a DP and a TP strategy?"""
+        return self.name in PEERS
+
+
+@dataclass
+class PeerSection:
+    """Settings of the peers (``method=megatron_layerwise`` and the others in `canzona.peers`);
+    other methods ignore them."""
+
+    tp_mode: str = setting("blockwise", "megatron_layerwise: megatron-core's muon_tp_mode (duplicated: every TP "
+                                        "rank gathers and computes the full matrix; distributed: Newton-Schulz "
+                                        "through Gram products all-reduced over TP; blockwise: each TP shard "
+                                        "orthogonalised on its own, a different update, Megatron's default)",
+                           choices=TP_MODES)
+    ns_matmul_prec: str | None = setting(None, "megatron_layerwise: muon_fp32_matmul_prec (highest: fp32 "
+                                               "Newton-Schulz; medium: bf16, Megatron's default); null: from "
+                                               "optimizer.ns_dtype (float32 -> highest, bfloat16 -> medium)",
+                                         choices=("highest", "high", "medium"))
 
 
 @dataclass
@@ -176,6 +199,7 @@ class TrialConfig:
     bucket: BucketSection = field(default_factory=BucketSection)
     dist: DistSection = field(default_factory=DistSection)
     train: TrainSection = field(default_factory=TrainSection)
+    peer: PeerSection = field(default_factory=PeerSection)
     out: str | None = setting(None, "the folder the trial writes its records into")
     save_params: str | None = setting(None, "write the final parameters here (a torch file; the parity tests)")
 
@@ -248,6 +272,8 @@ ID_NEUTRAL: dict[str, Any] = {
     "model.top_k": None,
     "bucket.expert_size": None,
     "optimizer.batch_equal_shapes": False,
+    "peer.tp_mode": "blockwise",
+    "peer.ns_matmul_prec": None,
 }
 
 
@@ -262,6 +288,9 @@ def id_dict(config: dict[str, Any]) -> dict[str, Any]:
         holder, leaf = parent_mapping(out, dotted), dotted.rsplit(".", 1)[-1]
         if holder is not None and leaf in holder and holder[leaf] == neutral:
             del holder[leaf]
+            section = dotted.rsplit(".", 1)[0]
+            if not holder and "." in dotted and "." not in section:  # a section added whole (peer.*)
+                del out[section]
     return out
 
 
@@ -275,6 +304,13 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     """Check every value and the layout; raise ConfigError with a one-line message."""
     optimizers.check_settings(cfg.optimizer)  # name, choices and bounds of every optimizer.* key
     m = cfg.method
+    if m.name is not None and m.name not in methods.PRESETS and not m.peer:
+        raise ConfigError(f"method={m.name!r} is not a preset or a peer; choose one of: "
+                          f"{', '.join((*methods.PRESETS, *PEERS))} (or give method.dp and method.tp)")
+    if m.peer:
+        check_choices(cfg, trial_key_docs())
+        _check_peer(cfg)
+        return cfg
     m.name, m.dp, m.tp = methods.resolve(m.name, m.dp, m.tp)
     check_choices(cfg, trial_key_docs())  # every key with a closed set of values
     if not 0.0 <= cfg.planner.alpha <= 1.0:
@@ -305,6 +341,30 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     if cfg.dist.dry_run:
         _check_dry_run(cfg)
     return cfg
+
+
+def _check_peer(cfg: TrialConfig) -> None:
+    """A peer runs its own code: no DP/TP strategy, no plan, no dry run; refuse in one line what
+    it cannot run. The shape checks are the model's, as for every method."""
+    m, peer = cfg.method, PEERS[str(cfg.method.name)]
+    if m.dp is not None or m.tp is not None:
+        raise ConfigError(f"method={m.name} is a peer (its own code, no DP/TP strategy): method.dp / method.tp "
+                          f"are not allowed with it")
+    if cfg.parallel.dp < 1:
+        raise ConfigError(f"parallel.dp={cfg.parallel.dp} must be a positive integer")
+    if cfg.train.steps < 1 or cfg.train.warmup < 0:
+        raise ConfigError(f"train.steps={cfg.train.steps} must be >= 1 and train.warmup={cfg.train.warmup} >= 0")
+    check_tp(cfg.model_cfg(), cfg.parallel.tp)
+    if peer.dp_only and cfg.parallel.tp > 1:
+        raise ConfigError(f"method={m.name} has no tensor parallelism ({peer.follows}): parallel.tp={cfg.parallel.tp} "
+                          f"is not allowed; use parallel.tp=1")
+    if cfg.model_cfg().moe:
+        raise ConfigError(f"method={m.name} runs the dense Qwen3 models only: model={cfg.model.name} is MoE")
+    wanted = "muon" if peer.matrix else "adamw"
+    if cfg.optimizer.name != wanted:
+        raise ConfigError(f"method={m.name} runs {wanted}: optimizer.name={cfg.optimizer.name} is not allowed with it")
+    if cfg.dist.dry_run:
+        raise ConfigError(f"method={m.name} is a peer: dist.dry_run=true runs the harness's own programs only")
 
 
 def check_runnable(cfg: TrialConfig) -> None:

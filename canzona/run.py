@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 
         # the layout check only, no plan: the trial plans once, where its costs are chosen (the
         # local launcher, or rank 0 of an external launch, which hands the plan to every rank)
-        plan_inputs(cfg, NumelCost())
+        if not cfg.method.peer:  # a peer plans inside its own code
+            plan_inputs(cfg, NumelCost())
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

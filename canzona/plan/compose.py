@@ -35,6 +35,8 @@ def compose(inputs: PlanInputs, dp: str, tp: str) -> Plan:
 
 def _join(inputs: PlanInputs, dp: str, tp: str, matrix_rule: bool, mode: TpMode, split: frozenset[int],
           c: DpLayout) -> Plan:
+    if c.layout is not None:  # the DP strategy's own buffer
+        inputs = replace(inputs, layout=c.layout)
     n = len(inputs.params)
     tp_owner: list[int | None] = [None] * n
     groups: list[tuple[MicroGroup, ...]] = []

@@ -13,11 +13,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from canzona.config import TrialConfig
+from canzona.errors import ConfigError
 from canzona.inventory import ParamSpec, build_inventory
 from canzona.optim import registry as optimizers
 from canzona.plan.buckets import build_layout
 from canzona.plan.compose import compose
 from canzona.plan.experts import ExpertInputs, expert_inputs, plan_experts
+from canzona.plan.registry import PRESETS
 from canzona.plan.types import Execution, Plan, PlanInputs, PlanSettings
 
 if TYPE_CHECKING:
@@ -35,10 +37,19 @@ def _inventory(cfg: TrialConfig) -> tuple[ParamSpec, ...]:
                                  sequence_parallel=cfg.sequence_parallel))
 
 
+def refuse_peer(cfg: TrialConfig) -> None:
+    """A peer (`canzona.peers`) plans inside its own code: the harness has no plan of it to make,
+    simulate or dry-run (its mirror strategies do: docs/design.md §1)."""
+    if cfg.method.peer:
+        raise ConfigError(f"method={cfg.method.name} is a peer that plans inside its own code: the harness cannot "
+                          f"plan, project or dry-run it; use a harness method ({', '.join(PRESETS)})")
+
+
 def plan_inputs(cfg: TrialConfig, cost_model: CostModel) -> PlanInputs:
     """The planners' inputs for ``cfg``'s dense buffer with ``cost_model``'s costs (raises
     `ConfigError` on a layout the model cannot take). An MoE model's experts are not in it
     (`expert_plan_inputs`)."""
+    refuse_peer(cfg)
     params = tuple(p for p in _inventory(cfg) if p.expert is None)
     layout = build_layout(list(params), dp=cfg.parallel.dp, tp=cfg.parallel.tp, bucket_size=cfg.bucket_size())
     cost = {i: cost_model.cost(p) for i, p in enumerate(params)}
@@ -67,6 +78,7 @@ def make_plan(cfg: TrialConfig, device: str | None = None, cost_model: CostModel
     from canzona.cost import select_cost_model
     from canzona.devices import trial_device
 
+    refuse_peer(cfg)
     device = device or trial_device(cfg)
     model = cost_model or select_cost_model(cfg, device)
     plan = compose(plan_inputs(cfg, model), cfg.method.dp, cfg.method.tp)

@@ -104,6 +104,9 @@ class DpLayout:
     dp_owner: tuple[int | None, ...]
     # TP owners a joint DP x TP balance chose, for a TP strategy that takes them
     tp_hint: dict[int, int] | None = None
+    # a buffer of the strategy's own (its buckets, params' order and padding); None: the shared
+    # one every method reduces (`PlanInputs.layout`). ``shard_ranges`` then index into it.
+    layout: BufferLayout | None = None
 
 
 class DpStrategy(Protocol):

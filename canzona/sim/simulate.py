@@ -166,6 +166,9 @@ def project(cfg: TrialConfig, hardware: Any, *, plan: Plan | None = None, events
     ``events``: "all", "none", or "auto" (all ranks up to 64, else the critical, the fastest
     and rank 0).
     """
+    from canzona.plan.methods import refuse_peer
+
+    refuse_peer(cfg)
     t0 = time.perf_counter()
     hw = load_hardware(hardware)
     sim = simulate(cfg, hw, plan)

@@ -27,7 +27,12 @@ __all__ = ["launched_externally", "run_rank_from_env", "run_trial"]
 
 
 def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
-    """Launch dp×tp local ranks for one trial and return its summary (raises on failure)."""
+    """Launch dp×tp local ranks for one trial and return its summary (raises on failure). A peer
+    (`canzona.peers`) starts its own ranks."""
+    if cfg.method.peer:
+        from canzona.peers.trial import run_peer_trial
+
+        return run_peer_trial(cfg, out)
     import torch.multiprocessing as mp
 
     from canzona import dist_rules
@@ -96,6 +101,10 @@ def _spawned_rank(local_rank: int, cfg_dict: dict[str, Any], plan: Any, out: str
 def run_rank_from_env(cfg: TrialConfig, out: Path) -> dict[str, Any] | None:
     """Run as one rank of an external launch (torchrun, Slurm's srun, submitit tasks); returns
     the summary on rank 0, None elsewhere."""
+    if cfg.method.peer:
+        from canzona.peers.trial import refuse_external_launch
+
+        refuse_external_launch(cfg)
     launch = launch_env()
     if launch.world != cfg.world_size:
         raise ConfigError(f"the launch has {launch.world} ranks but parallel.dp*parallel.tp = {cfg.world_size}")

@@ -58,7 +58,9 @@ def test_every_pair_plans_or_is_refused_in_one_line(d: str, t: str) -> None:
 def test_presets_keep_their_names_and_pairs() -> None:
     assert {n: (p.dp, p.tp) for n, p in PRESETS.items()} == {
         "canzona": ("balanced", "async_balanced"), "sync": ("ddp", "duplicated"),
-        "layerwise": ("layerwise", "duplicated"), "adamw": ("zero1", "local"), "atomic": ("zero1_atomic", "duplicated")}
+        "layerwise": ("layerwise", "duplicated"), "adamw": ("zero1", "local"), "atomic": ("zero1_atomic", "duplicated"),
+        "layerwise_sharded": ("layerwise_sharded", "duplicated"),
+        "layerwise_sharded_ns": ("layerwise_sharded_ns", "duplicated")}
     cfg = load_config(["method=atomic", "method.tp=async"])
     assert (cfg.method.name, cfg.method.dp, cfg.method.tp, cfg.method.label) == (None, "zero1_atomic", "async",
                                                                                   "zero1_atomic+async")
@@ -69,7 +71,7 @@ def test_presets_keep_their_names_and_pairs() -> None:
 
 
 @pytest.mark.parametrize("bad,message", [
-    ("method=synk", "method='synk' is not a preset; choose one of: canzona, sync"),
+    ("method=synk", "method='synk' is not a preset or a peer; choose one of: canzona, sync"),
     ("method.dp=zero2", "method.dp='zero2' is not allowed; choose one of: ddp, zero1_atomic"),
     ("method.tp=sync", "method.tp='sync' is not allowed; choose one of: duplicated, async"),
 ])

@@ -30,7 +30,7 @@ def test_every_key_is_described_with_its_default_and_allowed_values() -> None:
     for d in trial_key_docs():
         assert f"  {d.key}=" in text, d.key
     # method.dp's allowed values (--help wraps to the terminal's width: compared unwrapped)
-    assert "[ddp | zero1_atomic | balanced | layerwise | zero1]" in " ".join(text.split())
+    assert "[ddp | zero1_atomic | balanced | layerwise | zero1 | layerwise_sharded | layerwise_sharded_ns]" in " ".join(text.split())
     assert "list=false" in command_help("sweeps/run.py")
 
 

@@ -220,7 +220,7 @@ def test_ids_are_stable_readable_and_content_addressed(tmp_path):
         (["sweep=qwen3_scaling", "size=70b"], "allowed: 0.6b, 8b"),
         (["sweep=qwen3_scaling", "parallel.tp=3"], "parallel.tp=3 contradicts axis layout=dp2tp1"),
         (["sweep=qwen3_scaling", "planner.alpha=2"], "planner.alpha=2.0 must be in [0, 1]"),
-        (["sweep=qwen3_scaling", "method=adam"], "choose one of: canzona, sync, layerwise, adamw"),
+        (["sweep=qwen3_scaling", "method=adam"], "is not a preset or a peer; choose one of: canzona, sync, layerwise"),
         (["sweep=qwen3_scaling", "train.recompute=selective"], "train.recompute='selective' is not allowed; "
                                                                "choose one of: none, full"),
         (["sweep=qwen3_scaling", "train.steps=many"], "train.steps"),
