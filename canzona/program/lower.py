@@ -79,6 +79,29 @@ def resolve_impl(ranges: Ranges, how: str) -> str:
     return "padded" if len(ranges) * widest <= PADDING_TOLERANCE * size else "coalesced"
 
 
+def forward_positions(params) -> list[int]:
+    """Each param's position in the order the forward first uses it. That is registration order
+    (the inventory's) but for the attention output projection: megatron-core registers
+    ``linear_proj`` before ``linear_qkv`` and the q/k norms, and runs it after them. The
+    overlapped parameter gather waits for a bucket before the first module that uses it."""
+    order: list[int] = []
+    deferred: int | None = None
+    for i, p in enumerate(params):
+        if deferred is not None and ".self_attention." not in p.name:
+            order.append(deferred)
+            deferred = None
+        if p.name.endswith(".self_attention.linear_proj.weight"):
+            deferred = i
+            continue
+        order.append(i)
+    if deferred is not None:
+        order.append(deferred)
+    pos = [0] * len(order)
+    for k, i in enumerate(order):
+        pos[i] = k
+    return pos
+
+
 class _Lowering:
     """Shared, rank-independent facts of one plan, computed once for all ranks."""
 
@@ -254,15 +277,20 @@ class _Lowering:
     def _make_param_gathers(self, d: int) -> list[Comm]:
         plan = self.plan
         if plan.param_sync == "shards":
-            order = self._once(("gather_order",), lambda: sorted(plan.layout.buckets,
-                                                                  key=lambda b: min(s.index for s in b.params)))
+            order = self._once(("gather_order",), lambda: sorted(plan.layout.buckets, key=self._first_use))
             return [BucketGather(f"param_sync b{b.index}", b.index, "param", self.impls[b.index],
                                  plan.shard_ranges[b.index], d, self.param_dtype, "param_sync") for b in order]
         return [OwnedParamsGather("param_sync", self.owned, self.owned_sizes, d, self.param_dtype, "param_sync")]
 
+    def _first_use(self, bucket) -> int:
+        """Forward position of the first param of ``bucket`` the forward uses."""
+        pos = self._once(("forward_positions",), lambda: forward_positions(self.plan.params))
+        return min(pos[s.index] for s in bucket.params)
+
     def _first_param(self, g: Comm) -> int:
         if isinstance(g, BucketGather):
-            return min(s.index for s in self.plan.layout.buckets[g.bucket].params)
+            pos = self._once(("forward_positions",), lambda: forward_positions(self.plan.params))
+            return min((s.index for s in self.plan.layout.buckets[g.bucket].params), key=lambda i: pos[i])
         return 0
 
     def overlapped(self) -> bool:
