@@ -262,7 +262,14 @@ def _fc1_subs(cfg: ModelConfig, prefix: str) -> tuple[SubMatrix, ...]:
 def build_inventory(
     cfg: ModelConfig, *, split_fused: bool = False, matrix_embeddings: bool = False, sequence_parallel: bool = False
 ) -> list[ParamSpec]:
-    """Parameters in registration order (embedding, layers, final norm, output layer).
+    """Parameters in megatron-core's registration order, which its DDP buffer reverses.
+
+    The order is ``GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=True), ...)
+    .named_parameters()`` of megatron-core 0.16.1 (tests/unit/test_megatron_layout.py checks it):
+    the embedding; per layer ``input_layernorm``, ``self_attention.linear_proj`` (built by the
+    ``Attention`` base class before ``SelfAttention`` adds the rest), ``linear_qkv``,
+    ``q_layernorm``, ``k_layernorm``, ``pre_mlp_layernorm``, then ``mlp.linear_fc1`` /
+    ``linear_fc2`` (or an MoE layer's router and experts); the final norm; the output layer.
 
     Embedding and output layer go to AdamW unless ``matrix_embeddings``; norms always do.
     A tied model has no separate output layer. With ``sequence_parallel`` the hidden-size norms
@@ -281,11 +288,13 @@ def build_inventory(
         fc1 = f"{p}.mlp.linear_fc1.weight"
         params += [
             ParamSpec(f"{p}.input_layernorm.weight", (cfg.hidden,), None, "adamw", i, tp_grad_allreduce=sp),
+            # megatron-core's Attention.__init__ builds linear_proj; SelfAttention.__init__ then adds
+            # linear_qkv and the q/k norms, so the output projection is registered first
+            ParamSpec(f"{p}.self_attention.linear_proj.weight", (cfg.hidden, cfg.heads * hd), 1, "matrix", i),
             ParamSpec(qkv, ((cfg.heads + 2 * cfg.kv_heads) * hd, cfg.hidden), 0, "matrix", i,
                       _qkv_subs(cfg, qkv) if split_fused else ()),
             ParamSpec(f"{p}.self_attention.q_layernorm.weight", (hd,), None, "adamw", i, tp_grad_allreduce=True),
             ParamSpec(f"{p}.self_attention.k_layernorm.weight", (hd,), None, "adamw", i, tp_grad_allreduce=True),
-            ParamSpec(f"{p}.self_attention.linear_proj.weight", (cfg.hidden, cfg.heads * hd), 1, "matrix", i),
             ParamSpec(f"{p}.pre_mlp_layernorm.weight", (cfg.hidden,), None, "adamw", i, tp_grad_allreduce=sp),
         ]
         if cfg.moe:

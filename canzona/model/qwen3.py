@@ -11,11 +11,11 @@ Layout (names and order equal ``canzona.inventory.build_inventory(cfg)``)::
 
     embedding.word_embeddings            VocabParallelEmbedding             [V/tp, H]
     decoder.layers.i.input_layernorm     RMSNorm (replicated)
+        .self_attention.linear_proj      RowParallelLinear (input_is_parallel)
         .self_attention.linear_qkv       ColumnParallelLinear, local rows = whole KV groups,
                                          each [q heads of the group | k head | v head]
         .self_attention.q_layernorm      RMSNorm over head_dim (replicated, partial grads)
         .self_attention.k_layernorm      RMSNorm over head_dim (replicated, partial grads)
-        .self_attention.linear_proj      RowParallelLinear (input_is_parallel)
         .pre_mlp_layernorm               RMSNorm (replicated)
         .mlp.linear_fc1                  ColumnParallelLinear, rows interleaved gate_i, up_i
         .mlp.linear_fc2                  RowParallelLinear
@@ -123,16 +123,17 @@ class SelfAttention(nn.Module):
         self.head_dim = hd
         self.q_per_group = cfg.q_per_group
         self.local_groups = cfg.kv_heads // tp
+        # registered in megatron-core's order: linear_proj first (its Attention base class)
+        self.linear_proj = RowParallelLinear(
+            cfg.heads * hd, cfg.hidden, config=mp, init_method=_no_init, bias=False,
+            input_is_parallel=True, skip_bias_add=False, tp_group=_tp_group(),
+        )
         self.linear_qkv = ColumnParallelLinear(
             cfg.hidden, (cfg.heads + 2 * cfg.kv_heads) * hd, config=mp, init_method=_no_init,
             bias=False, gather_output=False, tp_group=_tp_group(),
         )
         self.q_layernorm = RMSNorm(hd, dtype=dtype)
         self.k_layernorm = RMSNorm(hd, dtype=dtype)
-        self.linear_proj = RowParallelLinear(
-            cfg.heads * hd, cfg.hidden, config=mp, init_method=_no_init, bias=False,
-            input_is_parallel=True, skip_bias_add=False, tp_group=_tp_group(),
-        )
         if sp_group is not None:
             sp.install(self.linear_qkv, "column", sp_group)
             sp.install(self.linear_proj, "row", sp_group)
