@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from baselines import ddp, duplicated, layerwise, zero1_atomic
 from canzona.errors import ConfigError
+from canzona.peers import PEERS
 from canzona.plan.strategies import (
     async_balanced,
     async_groups,
@@ -43,7 +44,7 @@ class Preset(NamedTuple):
 PRESETS: dict[str, Preset] = {
     "canzona": Preset("balanced", "async_balanced", "Canzona: cost-balanced DP shards, balanced TP micro-group pipeline"),
     "sync": Preset("ddp", "duplicated", "fully synchronous: every rank reduces every gradient and computes every update"),
-    "layerwise": Preset("layerwise", "duplicated", "Megatron-LM's layer-wise optimizer: whole params by LPT on numel"),
+    "layerwise": Preset("layerwise", "duplicated", "megatron-core 0.16.1's layer-wise optimizer: whole params dealt ping-pong by numel"),
     "adamw": Preset("zero1", "local", "the reference: Megatron's ZeRO-1 with AdamW everywhere"),
     "atomic": Preset("zero1_atomic", "duplicated", "the authors' default Muon run: whole-tensor ZeRO-1, TP sync"),
     "layerwise_sharded": Preset("layerwise_sharded", "duplicated",
@@ -89,11 +90,16 @@ def pair_of(method: str) -> tuple[str, str] | None:
 
 def method_rank(method: str) -> tuple[int, int, str]:
     """Sort key of a method label: canzona first, then the ladder from the fully synchronous
-    rung up, the other pairs, layerwise, the reference (adamw) last."""
+    rung up, the other pairs, layerwise, the peers (`canzona.peers`, after the mirrors; a TP
+    mode in brackets, ``megatron_layerwise[duplicated]``, keeps its peer's place), the
+    reference (adamw) last."""
     if method == "canzona":
         return (0, 0, method)
     if method == "adamw":
         return (4, 0, method)
+    peer = method.split("[", 1)[0]
+    if peer in PEERS:
+        return (3, len(_LAYERWISE) + list(PEERS).index(peer), method)
     pair = pair_of(method)
     r = rung(*pair) if pair else None
     rungs = [name for name, _, _ in LADDER]
