@@ -11,6 +11,10 @@ Here every folder is a "trial" with ``trial_id`` = its folder name. A sweep with
 status.json names the config (``trial_id``) and the repetition (``repeat``); these become the
 columns ``config_id`` and ``repeat``, which the statistics use to pool and pair repetitions.
 
+A peer trial (`canzona.peers`: the field's own code run as a method) has ``method.name`` = the
+peer, no ``method.dp`` / ``method.tp`` and no plan; its method label is the peer's name, with
+megatron_layerwise's ``peer.tp_mode`` in brackets when the sweep varies it (`peer_labels`).
+
 Tables (all plain pandas, nothing upstream is imported except the pure model inventory for the
 parameter count and the trial schema's key renames):
 
@@ -46,6 +50,7 @@ import yaml
 from canzona.config import read_config
 from canzona.errors import ConfigError
 from canzona.layout import RankLayout
+from canzona.peers import is_peer
 from canzona.records import (
     CONFIG_FILE,
     STATUS_FILE,
@@ -56,6 +61,8 @@ from canzona.records import (
     read_summary,
 )
 
+# The one peer whose TP mode (``peer.tp_mode``) makes a different method (`peer_labels`).
+TP_MODE_PEER = "megatron_layerwise"
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
 
 
@@ -382,6 +389,9 @@ def method_of(row: dict[str, Any]) -> tuple[str | None, str | None]:
     """(label, rung) of a flattened config row."""
     from canzona.plan import registry
 
+    name = row.get("method.name")
+    if is_peer(name):  # someone else's code: no DP/TP pair, no rung (`canzona.peers`)
+        return str(name), None
     dp, tp = row.get("method.dp"), row.get("method.tp")
     if dp in registry.DP_STRATEGIES and tp in registry.TP_STRATEGIES:
         return registry.label(dp, tp), registry.rung(dp, tp)
@@ -390,6 +400,19 @@ def method_of(row: dict[str, Any]) -> tuple[str | None, str | None]:
         p = registry.PRESETS[old]
         return old, registry.rung(p.dp, p.tp)
     return (old if isinstance(old, str) else None), None
+
+
+def peer_labels(trials_df: pd.DataFrame) -> pd.Series:
+    """The method labels with megatron_layerwise's TP mode (``peer.tp_mode``) carried in them,
+    ``megatron_layerwise[duplicated]``, when the sweep's megatron_layerwise trials differ in it:
+    then each mode is a method of its own in every table."""
+    labels = trials_df["method"].copy()
+    if "peer.tp_mode" not in trials_df or "method.name" not in trials_df:
+        return labels
+    lw = (trials_df["method.name"] == TP_MODE_PEER) & trials_df["peer.tp_mode"].notna()
+    if trials_df.loc[lw, "peer.tp_mode"].astype(str).nunique() > 1:
+        labels[lw] = [f"{TP_MODE_PEER}[{m}]" for m in trials_df.loc[lw, "peer.tp_mode"]]
+    return labels
 
 
 def planned_loads(t: TrialRecords) -> pd.DataFrame:
@@ -424,6 +447,7 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
         raise ConfigError(f"no trials in {str(root)!r} (no subfolder holds config.yaml or status.json)")
     trials = [load_trial(p) for p in dirs]
     trials_df = pd.DataFrame([_trial_row(t) for t in trials])
+    trials_df["method"] = peer_labels(trials_df)
     step_rows = []
     for t in trials:
         for s in t.steps:

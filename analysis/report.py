@@ -9,7 +9,8 @@ Reads only the trial records under the sweep folder (canzona/records.py) and wri
 - ``steps.csv``    one row per trial x rank x step (warm-up included, ``measured`` flag);
 - ``latencies.csv`` per point x method: pooled medians/p10/p90 and trial counts;
 - ``speedups.csv`` speedups over sync/layerwise and overhead over adamw with 90% CIs;
-- ``phases.csv``, ``rank_loads.csv``; ``*.parquet`` of trials and steps if pyarrow imports;
+- ``phases.csv``, ``rank_loads.csv``; ``peers.csv`` (a sweep with peer trials: each peer beside
+  its mirror and canzona per layout, analysis/peers.py); ``*.parquet`` of trials and steps if pyarrow imports;
 - ``traces/<trial_id>.json`` Chrome traces (Perfetto), linked from the report;
 - ``projected.csv`` (projected trials: canzona vs each baseline per point, analysis/projection.py)
   and ``predicted.csv`` (predicted vs measured per trial, `canzona.sim.validate.to_frame`).
@@ -43,7 +44,7 @@ import markupsafe
 import pandas as pd
 import yaml
 
-from analysis import plots, projection, stats, timeline
+from analysis import peers, plots, projection, stats, timeline
 from analysis.load import Sweep, load_sweep, subset
 from canzona.errors import ConfigError
 from canzona.overrides import Renamed, build, split_argv
@@ -207,6 +208,9 @@ def _measured(sweep: Sweep, out_dir: Path) -> dict[str, Any]:
     groups.to_csv(out_dir / "latencies.csv", index=False)
     phases.to_csv(out_dir / "phases.csv", index=False)
     rank_loads.to_csv(out_dir / "rank_loads.csv", index=False)
+    peer = peers.peer_section(sweep, trials, per_step)
+    if peer is not None:
+        peer.pop("csv").to_csv(out_dir / "peers.csv", index=False)
 
     # traces
     traces: dict[str, str] = {}
@@ -256,6 +260,7 @@ def _measured(sweep: Sweep, out_dir: Path) -> dict[str, Any]:
         "load_rows": {m: _records(d) for m, d in loads.items()},
         "phases_tbl": _records(show_phases_tbl),
         "traces": traces,
+        "peers": peer,
     }
 
 
@@ -264,7 +269,7 @@ def _no_measured() -> dict[str, Any]:
             "n_configs": 0,
             "baselines": list(stats.BASELINES), "groups": [],
             "figures": dict.fromkeys(("latency", "speedup", "loads", "phases", "gantt")), "showcase_point": {},
-            "chosen": {}, "gantt_info": [], "load_rows": {}, "phases_tbl": [], "traces": {}}
+            "chosen": {}, "gantt_info": [], "load_rows": {}, "phases_tbl": [], "traces": {}, "peers": None}
 
 
 def build_report(sweep_dir: str | Path, out: str | Path | None = None, hardware: Any = "auto") -> Path:
@@ -278,7 +283,8 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, hardware:
     sweep = load_sweep(sweep_dir)
     out_dir = Path(out) if out is not None else sweep.path / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("speedups.csv", "latencies.csv", "phases.csv", "rank_loads.csv", "projected.csv", "predicted.csv"):
+    for stale in ("speedups.csv", "latencies.csv", "phases.csv", "rank_loads.csv", "projected.csv", "predicted.csv",
+                  "peers.csv"):
         (out_dir / stale).unlink(missing_ok=True)  # a rebuild leaves no table of another content
 
     proj_ids = {t.trial_id for t in sweep.trials if projection.is_projected(t)}

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import Sweep, planned_loads
+from canzona.peers import PEERS
 from canzona.plan.registry import METHOD_ORDER, method_rank, pair_of, rung
 from canzona.records import PHASES
 
@@ -56,6 +57,8 @@ NOT_POINT = {
 METHOD_SPECIFIC = {
     "canzona": lambda c: c.startswith("planner.") or c == "dist.dp_collective",
     "sync": lambda c: c == "dist.sync_variant",
+    # the peers' own switches (peer.tp_mode, peer.ns_matmul_prec): a peer's variant, never a point
+    **{p: (lambda c: c.startswith("peer.")) for p in PEERS},
 }
 N_BOOT = 2000
 CI = (5.0, 95.0)
@@ -198,7 +201,7 @@ def point_extra_columns(trials: pd.DataFrame, config_columns: list[str]) -> list
 
 def _variant(row: pd.Series, trials: pd.DataFrame, config_columns: list[str]) -> str:
     method = row.get("method")
-    pred = METHOD_SPECIFIC.get(str(method))
+    pred = METHOD_SPECIFIC.get(str(method).split("[", 1)[0])  # megatron_layerwise[duplicated]: the peer's
     if pred is None:
         return ""
     same = trials[(trials["method"] == method) & trials["usable"]]
