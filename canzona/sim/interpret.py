@@ -349,12 +349,17 @@ class ProgramSim:
         everyone = list(range(self.world))
         waits = [{w.param: w for w in p.actions[index].waits} for p in self.programs]
         waited = set().union(*waits)  # params some rank waits for
+        # a unit's params are in registration order, its waits in the order the forward uses them
+        # (linear_proj is registered before linear_qkv and runs after it): take them as chained
+        chained = {}
+        for p in self.programs:
+            for k, w in enumerate(p.actions[index].waits):
+                chained[w.param] = min(k, chained.get(w.param, k))
         tp_groups = [self._group("tp", self.grid.rank_of(d, 0))[1] for d in range(self.dp)]
         with tl.phase(everyone, "forward"):
             for items, sec, tp_sec in work.forward_units:
-                for i in items:  # a chained gather must be issued by every member before it is waited for
-                    if i not in waited:
-                        continue
+                # a chained gather must be issued by every member before it is waited for
+                for i in sorted((i for i in items if i in waited), key=chained.__getitem__):
                     for r in everyone:
                         w = waits[r].get(i)
                         if w is None:

@@ -14,7 +14,7 @@ gradient, each row-parallel linear all-gathers its output gradient, the embeddin
 all-gathered; the norms' partial gradients are all-reduced over TP in the hooks. All of it is
 counted on the critical path (Megatron overlaps the backward's re-gather and reduce-scatter in
 part with the weight-gradient GEMM: an upper bound). The backward is walked in reverse
-registration order so the simulator knows when each gradient lands in its bucket; with
+forward order (`canzona.program.lower.forward_positions`) so the simulator knows when each gradient lands in its bucket; with
 ``train.recompute=full`` each layer's forward (its TP collectives included) runs again before
 its gradients.
 
@@ -40,6 +40,7 @@ from canzona.config import TrialConfig
 from canzona.inventory import ModelConfig, build_inventory
 from canzona.plan.experts import RankSpace, rank_space
 from canzona.plan.types import Plan
+from canzona.program.lower import forward_positions
 from canzona.sim.hardware import Hardware
 
 BYTES = 4  # the executor's grad and param buffers are fp32
@@ -172,9 +173,11 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
         head_s = 0.0
     if head_s:
         units.append((head_s, ()))
+    pos = forward_positions(params)
     for layer in range(L - 1, -1, -1):
-        # reverse registration order; an MoE layer's experts (last in the rank's space) come first
-        members = sorted(by_layer[layer], reverse=True)
+        # reverse forward order (registration order but for linear_proj, registered before
+        # linear_qkv and run after it); an MoE layer's experts (last in the rank's space) come first
+        members = sorted(by_layer[layer], key=lambda i: pos[i], reverse=True)
         moe_members = [i for i in members if _moe_param(params[i])]
         moe_set = set(moe_members)
         moe_numel = sum(params[i].numel for i in moe_members) or 1
