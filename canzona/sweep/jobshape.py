@@ -38,7 +38,16 @@ def slurm_shape(cfg: TrialConfig, s: SlurmSettings) -> JobShape:
 
 
 def check_layouts(trials: list[SweepTrial], s: SweepSettings) -> None:
-    """Every trial fits the cluster: local rank cap, or a valid Slurm job shape."""
+    """Every trial fits the cluster: local rank cap, or a valid Slurm job shape; a peer
+    (`canzona.peers`) runs on this machine only."""
+    peer = next((t for t in trials if t.cfg.method.peer), None)
+    if peer is not None and s.cluster not in ("local", "debug"):
+        why = {"simulate": "projects the harness's programs only",
+               "dryrun": "dry-runs the harness's programs only"}.get(
+            s.cluster, "starts each rank as a task of its own, and a peer starts its own ranks")
+        raise ConfigError(f"trial {peer.id}: method={peer.cfg.method.name} is a peer (its own code) and "
+                          f"cluster={s.cluster} {why}; run the peers with cluster=local, or leave them out "
+                          f"(method=...)")
     if s.cluster in ("simulate", "dryrun"):  # any layout can be projected or dry-run here
         return
     for t in trials:

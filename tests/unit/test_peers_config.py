@@ -74,3 +74,16 @@ def test_a_peer_that_lost_a_rank_step_is_a_failed_trial() -> None:
     rows = [_row(r, s) for r in range(2) for s in range(2)][:-1]
     with pytest.raises(RuntimeError, match="reported 3 of 4"):
         check_rows(rows, cfg)
+
+
+@pytest.mark.parametrize("cluster", ["simulate", "dryrun", "slurm"])
+def test_a_sweep_refuses_peers_on_a_cluster_that_cannot_run_them(cluster: str, tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(repo / "sweeps" / "run.py"), "sweep=qwen3_scaling", "profile=peers",
+                        f"cluster={cluster}", f"results={tmp_path / 'r'}"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "is a peer (its own code)" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
