@@ -29,6 +29,11 @@ MODEL = ["model=qwen3-8b", "model.width_div=64", "model.num_layers=2", "train.se
 STEP_MODEL = ["model=qwen3-8b", "model.width_div=32", "model.num_layers=2", "train.seed=7", "train.dtype=fp32",
               "optimizer.clip_norm_dtype=float64"]
 METHODS = ["canzona", "atomic", "sync", "layerwise", "layerwise_sharded", "layerwise_sharded_ns", "adamw"]
+# layerwise_sharded_ns differs from layerwise_sharded only in who owns a matrix (the buffer, the
+# collectives and the update are the same code): its step parity runs Muon at every layout, and
+# the every-optimizer and training-through-the-runner checks run on layerwise_sharded alone
+OWNERS_ONLY = {"layerwise_sharded_ns"}
+TRAIN_METHODS = [m for m in METHODS if m not in OWNERS_ONLY]
 OPTIMIZERS = ["muon", "shampoo", "soap", "adamw"]
 LAYOUTS = {"dp2": (2, 1), "tp2": (1, 2), "dp2tp2": (2, 2)}
 WIDE_LAYOUTS = {"dp4": (4, 1), "tp4": (1, 4), "dp2tp4": (2, 4)}  # uneven and empty shards, 4-way TP
@@ -83,7 +88,8 @@ def _combos(wide: bool = False, dp: int = 1, tp: int = 1) -> list[tuple[str, str
         combos += [("canzona", "shampoo", []), ("canzona", "soap", []), ("sync", "muon", ["dist.sync_variant=zero1_gather"])]
         combos += [("canzona", "muon", [f"dist.dp_collective={c}"]) for c in ("padded", "reduce_loop", "coalesced", "all_to_all")]
         return combos + pairs
-    combos = [(m, o, []) for m in METHODS for o in OPTIMIZERS if not (m == "adamw" and o != "adamw")]
+    combos = [(m, o, []) for m in METHODS for o in OPTIMIZERS
+              if not (m == "adamw" and o != "adamw") and not (m in OWNERS_ONLY and o != "muon")]
     combos += [
         ("canzona", "muon", ["model.split_fused=true"]),
         ("canzona", "muon", ["planner.pipeline_depth=0"]),
@@ -234,7 +240,7 @@ def reference_params(tmp_path_factory):
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", TRAIN_METHODS)
 def test_three_training_steps_match_single_process(tmp_path, reference_params, layout: str, method: str) -> None:
     """Through the real trial runner. The TP layers reorder sums, and Muon's Newton-Schulz and
     AdamW's normalisation amplify those last-bit differences, so the bound is on the relative
@@ -324,7 +330,7 @@ def bf16_references(tmp_path_factory):
     return refs
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", TRAIN_METHODS)
 def test_three_bf16_training_steps_match_single_process(tmp_path, bf16_references, method: str) -> None:
     """bf16 through the real runner at dp=2 x tp=2 against the single-process bf16 run.
 
