@@ -49,3 +49,19 @@ def quick_calibration(tmp_path_factory: pytest.TempPathFactory, calibration_cach
     proc = subprocess.run([sys.executable, "-m", "canzona.calibrate", f"out={out}", "quick=true", "device=cpu"],
                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
     return Calibration(out, proc)
+
+
+@pytest.fixture(scope="session")
+def records_gen():
+    """`tests/fixtures/records_gen.py` as a module (synthetic trial records for the analysis and
+    report tests), loaded once: `tests/fixtures` is not a package."""
+    import importlib.util
+
+    name = "canzona_records_gen"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "fixtures" / "records_gen.py")
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]

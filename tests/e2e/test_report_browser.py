@@ -7,10 +7,8 @@ Set REPORT_SCREENSHOT=/path.png to keep the screenshot.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,23 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def _fixture_module():
-    name = "canzona_records_gen"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "fixtures" / "records_gen.py")
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
 @pytest.mark.timeout(600)
-def test_report_in_headless_chromium(tmp_path):
+def test_report_in_headless_chromium(records_gen, tmp_path):
     need_chromium()
     from analysis.report import build_report
 
-    gen = _fixture_module()
+    gen = records_gen
     # the widest headline a sweep makes: canzona against every rung of the authors' ladder, the
     # other baselines and adamw (7 comparisons x 2 metrics), from a resumed sweep (2 invocations)
     sweep = gen.make_sweep(tmp_path / "sweep", methods=gen.LADDER_METHODS, invocations=2)

@@ -7,7 +7,6 @@ canzona/records.py until a real sweep's records are available.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import subprocess
@@ -26,17 +25,6 @@ from analysis.report import build_report, fmt, main
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _gen():
-    name = "canzona_records_gen"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "fixtures" / "records_gen.py")
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
 @pytest.fixture(autouse=True)
 def _no_local_hardware(monkeypatch, tmp_path_factory):
     """Hermetic: whether this machine has a calibrated hardware/local.yaml must not matter here
@@ -46,8 +34,8 @@ def _no_local_hardware(monkeypatch, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    sweep = _gen().make_sweep(tmp_path_factory.mktemp("res") / "demo")
+def built(records_gen, tmp_path_factory):
+    sweep = records_gen.make_sweep(tmp_path_factory.mktemp("res") / "demo")
     index = build_report(sweep, hardware=None)
     return sweep, index
 
@@ -243,8 +231,8 @@ def test_report_is_self_contained_with_traces(built):
 # ------------------------------------------------------------------------ degenerate sweeps
 
 
-def test_sweep_without_sync_trials_says_so(tmp_path):
-    sweep = _gen().make_sweep(tmp_path / "nosync", models=("qwen3-0.6b",), methods=("canzona", "layerwise"),
+def test_sweep_without_sync_trials_says_so(records_gen, tmp_path):
+    sweep = records_gen.make_sweep(tmp_path / "nosync", models=("qwen3-0.6b",), methods=("canzona", "layerwise"),
                               failed=False, missing=False, sweep_yaml=False)
     index = build_report(sweep)
     sp = pd.read_csv(index.parent / "speedups.csv")
@@ -255,8 +243,8 @@ def test_sweep_without_sync_trials_says_so(tmp_path):
     assert "No sweep.json" in html
 
 
-def test_sweep_with_only_failed_trials_renders(tmp_path):
-    gen = _gen()
+def test_sweep_with_only_failed_trials_renders(records_gen, tmp_path):
+    gen = records_gen
     root = tmp_path / "allfailed"
     gen.write_trial(root / "a", gen.trial_config("canzona"), status="failed", error="boom: OOM on rank 0")
     gen.write_trial(root / "b", gen.trial_config("sync"), omit=("status.json", "steps.jsonl", "summary.json"))
@@ -272,8 +260,8 @@ def test_sweep_with_only_failed_trials_renders(tmp_path):
     assert pd.read_csv(index.parent / "steps.csv").empty
 
 
-def test_method_variants_split_speedups(tmp_path):
-    gen = _gen()
+def test_method_variants_split_speedups(records_gen, tmp_path):
+    gen = records_gen
     root = tmp_path / "alpha"
     gen.write_trial(root / "c05", gen.trial_config("canzona", extra=["planner.alpha=0.5"]))
     gen.write_trial(root / "c10", gen.trial_config("canzona", extra=["planner.alpha=1.0"], seed=2))
@@ -325,8 +313,8 @@ def test_cli_errors(tmp_path, capsys):
     assert main(["--help"]) == 0 and "usage: python -m analysis.report" in capsys.readouterr().out
 
 
-def test_cli_prints_report_path_last(tmp_path):
-    sweep = _gen().make_sweep(tmp_path / "cli", models=("qwen3-0.6b",), methods=("canzona", "sync"),
+def test_cli_prints_report_path_last(records_gen, tmp_path):
+    sweep = records_gen.make_sweep(tmp_path / "cli", models=("qwen3-0.6b",), methods=("canzona", "sync"),
                               failed=False, missing=False)
     out = tmp_path / "elsewhere"
     r = subprocess.run([sys.executable, "-m", "analysis.report", str(sweep), f"out={out}", "hardware=none"],
@@ -396,10 +384,10 @@ def test_plot_colours_tell_methods_and_phases_apart() -> None:
 # ------------------------------------------------------------------------ resumed sweeps
 
 
-def test_report_says_its_runs_come_from_several_invocations(tmp_path, built):
+def test_report_says_its_runs_come_from_several_invocations(records_gen, tmp_path, built):
     """A resumed sweep: runs of two invocations (told apart by their submitit/<stamp>/ logs);
     the header says so, the provenance lists each with its runs, trials.csv names each run's."""
-    sweep = _gen().make_sweep(tmp_path / "resumed", invocations=2)
+    sweep = records_gen.make_sweep(tmp_path / "resumed", invocations=2)
     index = build_report(sweep, hardware=None)
     html = index.read_text()
     head = html[:html.index("<nav>")]
@@ -418,10 +406,10 @@ def test_report_says_its_runs_come_from_several_invocations(tmp_path, built):
     assert "invocations of this sweep" not in one.read_text()[:one.read_text().index("<nav>")]
 
 
-def test_invocations_from_recorded_ids_or_start_times(tmp_path):
+def test_invocations_from_recorded_ids_or_start_times(records_gen, tmp_path):
     from analysis.load import load_sweep
 
-    gen = _gen()
+    gen = records_gen
     root = tmp_path / "times"
     manifest = {"sweep": "times", "started": "2025-03-02T10:00:00+00:00", "trials": [], "order": []}
     gen.write_trial(root / "a", gen.trial_config("canzona"), status_extra={"started": "2025-03-01T09:00:00+00:00"})
@@ -440,13 +428,13 @@ def test_invocations_from_recorded_ids_or_start_times(tmp_path):
     assert "invocations of this sweep" not in build_report(root, hardware=None).read_text()
 
 
-def test_headline_is_a_block_of_rows_per_point(tmp_path):
+def test_headline_is_a_block_of_rows_per_point(records_gen, tmp_path):
     """The headline is as wide for seven comparisons as for two: a tbody per point, a row per
     comparison (every baseline, then adamw), the point's cells spanning its rows; config values
     that split points share one "setting" column."""
     import re
 
-    gen = _gen()
+    gen = records_gen
     root = tmp_path / "points"
     for seq in (16, 32):
         for m in ("canzona", "sync", "zero1_atomic+async"):
@@ -464,10 +452,10 @@ def test_headline_is_a_block_of_rows_per_point(tmp_path):
     assert "<th rowspan=\"2\">setting</th>" in table and table.count("<th") < 16
 
 
-def test_one_comparison_function_gives_intervals_only_from_samples(tmp_path):
+def test_one_comparison_function_gives_intervals_only_from_samples(records_gen, tmp_path):
     """`stats.comparisons`: with the steps, each ratio has its bootstrap interval; without (a
     projection's one value per trial), the same pairing gives point ratios of the trials' medians."""
-    gen = _gen()
+    gen = records_gen
     root = tmp_path / "cmp"
     for m in ("canzona", "sync", "adamw"):
         gen.write_trial(root / m, gen.trial_config(m))

@@ -4,10 +4,8 @@ records: peer trials as canzona/peers/trial.py writes them (tests/fixtures/recor
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,20 +19,9 @@ from analysis.report import build_report
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _gen():
-    name = "canzona_records_gen"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "fixtures" / "records_gen.py")
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    sweep = _gen().make_peer_sweep(tmp_path_factory.mktemp("res") / "peers")
+def built(records_gen, tmp_path_factory):
+    sweep = records_gen.make_peer_sweep(tmp_path_factory.mktemp("res") / "peers")
     index = build_report(sweep, tmp_path_factory.mktemp("report"), hardware=None)
     return sweep, index
 
@@ -132,21 +119,21 @@ def test_peers_section_rows_ratios_and_notes(built) -> None:
     assert len(csv) == 9 and set(csv["mirror"].dropna()) == {"layerwise_sharded", "adamw"}
 
 
-def test_peers_section_says_what_the_shim_changed_and_the_versions(built) -> None:
+def test_peers_section_says_what_the_shim_changed_and_the_versions(records_gen, built) -> None:
     _, index = built
     html = index.read_text()
     prov = re.search(r'<ul class="note" id="peer-provenance">(.*?)</ul>', html, re.S)
     assert prov
     items = dict(re.findall(r'<li data-peer="([^"]+)">(.*?)</li>', prov.group(1), re.S))
     assert list(items) == ["megatron_layerwise", "megatron_zero1", "torchtitan_distmuon"]
-    shim = _gen().PEER_SHIM.replace("'", "&#39;")
+    shim = records_gen.PEER_SHIM.replace("'", "&#39;")
     for name, text in items.items():
         assert shim in text and peers.PEERS[name].follows in text
     assert "megatron_core 0.19.2" in items["megatron_layerwise"] and "torchtitan 0.3.0" in items["torchtitan_distmuon"]
 
 
-def test_no_peers_section_without_peer_trials(tmp_path) -> None:
-    sweep = _gen().make_sweep(tmp_path / "demo", models=("qwen3-0.6b",), failed=False, missing=False)
+def test_no_peers_section_without_peer_trials(records_gen, tmp_path) -> None:
+    sweep = records_gen.make_sweep(tmp_path / "demo", models=("qwen3-0.6b",), failed=False, missing=False)
     index = build_report(sweep, tmp_path / "report", hardware=None)
     html = index.read_text()
     assert 'id="peers"' not in html and 'href="#peers"' not in html
