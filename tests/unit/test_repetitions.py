@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-from test_analysis import _gen  # the synthetic records of tests/fixtures/records_gen.py
 
 from analysis import stats
 from analysis.load import load_sweep
@@ -16,10 +15,10 @@ from analysis.load import load_sweep
 DRIFT = {1: 0.6, 2: 1.0, 3: 1.7}  # the machine's speed in each repetition (slow, normal, loaded)
 
 
-def _drifted_sweep(root: Path, *, record_repeats: bool = True) -> Path:
+def _drifted_sweep(gen, root: Path, *, record_repeats: bool = True) -> Path:
     """canzona and sync, 3 repetitions each; every millisecond of repetition k scaled by DRIFT[k]
-    on both methods alike (as load drift would), status.json naming config and repetition."""
-    gen = _gen()
+    on both methods alike (as load drift would), status.json naming config and repetition.
+    ``gen``: the synthetic-records module (the ``records_gen`` fixture)."""
     for method in ("canzona", "sync"):
         cfg = gen.trial_config(method, "qwen3-0.6b", 2, 2, steps=8, warmup=1)
         tid = f"0.6b-{method}-muon-dp2tp2-0123456789"
@@ -45,8 +44,8 @@ def _tables(root: Path):
     return trials, per_step
 
 
-def test_repetitions_pool_into_one_group_and_pair(tmp_path):
-    trials, per_step = _tables(_drifted_sweep(tmp_path / "paired"))
+def test_repetitions_pool_into_one_group_and_pair(records_gen, tmp_path):
+    trials, per_step = _tables(_drifted_sweep(records_gen, tmp_path / "paired"))
     assert sorted(trials["repeat"]) == [1, 1, 2, 2, 3, 3]
     assert trials["config_id"].nunique() == 2
     groups = stats.group_table(trials, per_step)
@@ -58,7 +57,7 @@ def test_repetitions_pool_into_one_group_and_pair(tmp_path):
 
     # the same records without the repetition numbers: each run is its own config, so the
     # repetitions are resampled independently and the drift shows up in the interval
-    trials_u, per_step_u = _tables(_drifted_sweep(tmp_path / "unpaired", record_repeats=False))
+    trials_u, per_step_u = _tables(_drifted_sweep(records_gen, tmp_path / "unpaired", record_repeats=False))
     sp_u = stats.speedup_table(trials_u, per_step_u)
     row_u = sp_u[(sp_u["baseline"] == "sync") & (sp_u["metric"] == "optimizer_step_ms")].iloc[0]
     assert not bool(row_u["paired"]) and row_u["value"] == row["value"]  # same pooled medians
