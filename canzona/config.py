@@ -307,11 +307,8 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     if m.name is not None and m.name not in methods.PRESETS and not m.peer:
         raise ConfigError(f"method={m.name!r} is not a preset or a peer; choose one of: "
                           f"{', '.join((*methods.PRESETS, *PEERS))} (or give method.dp and method.tp)")
-    if m.peer:
-        check_choices(cfg, trial_key_docs())
-        _check_peer(cfg)
-        return cfg
-    m.name, m.dp, m.tp = methods.resolve(m.name, m.dp, m.tp)
+    if not m.peer:  # a peer has no DP/TP strategy to resolve (its own checks: `_check_peer`)
+        m.name, m.dp, m.tp = methods.resolve(m.name, m.dp, m.tp)
     check_choices(cfg, trial_key_docs())  # every key with a closed set of values
     if not 0.0 <= cfg.planner.alpha <= 1.0:
         raise ConfigError(f"planner.alpha={cfg.planner.alpha} must be in [0, 1]")
@@ -334,6 +331,9 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     check_tp(cfg.model_cfg(), cfg.parallel.tp)
     check_experts(cfg.model_cfg(), cfg.parallel.ep, cfg.expert_tp)
     ExpertLayout.check(cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.ep, cfg.expert_tp)
+    if m.peer:
+        _check_peer(cfg)
+        return cfg
     methods.check(m.dp, m.tp, optimizers.get(cfg.optimizer.name).matrix, cfg.parallel.tp)
     if cfg.sequence_parallel and cfg.train.seq_len % cfg.parallel.tp:
         raise ConfigError(f"parallel.sequence_parallel=true splits the sequence over TP: parallel.tp={cfg.parallel.tp} "
@@ -345,16 +345,11 @@ def validate(cfg: TrialConfig) -> TrialConfig:
 
 def _check_peer(cfg: TrialConfig) -> None:
     """A peer runs its own code: no DP/TP strategy, no plan, no dry run; refuse in one line what
-    it cannot run. The shape checks are the model's, as for every method."""
+    it cannot run (after `validate`'s checks of values and shapes, which every method passes)."""
     m, peer = cfg.method, PEERS[str(cfg.method.name)]
     if m.dp is not None or m.tp is not None:
         raise ConfigError(f"method={m.name} is a peer (its own code, no DP/TP strategy): method.dp / method.tp "
                           f"are not allowed with it")
-    if cfg.parallel.dp < 1:
-        raise ConfigError(f"parallel.dp={cfg.parallel.dp} must be a positive integer")
-    if cfg.train.steps < 1 or cfg.train.warmup < 0:
-        raise ConfigError(f"train.steps={cfg.train.steps} must be >= 1 and train.warmup={cfg.train.warmup} >= 0")
-    check_tp(cfg.model_cfg(), cfg.parallel.tp)
     if peer.dp_only and cfg.parallel.tp > 1:
         raise ConfigError(f"method={m.name} has no tensor parallelism ({peer.follows}): parallel.tp={cfg.parallel.tp} "
                           f"is not allowed; use parallel.tp=1")
