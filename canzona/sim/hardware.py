@@ -41,6 +41,20 @@ and ``volume`` the bytes each rank moves over its bottleneck link (ring all-redu
 2(P-1)/P·N, reduce-scatter / all-gather (P-1)/P·N of the full N-byte buffer, broadcast /
 reduce N, all-to-all: the most any rank sends or receives off-rank). A group spanning more than
 one node uses the ``inter`` level throughout (its ring crosses the network; one NIC per GPU).
+
+Evidence (spec-derived files). ``inputs.provenance`` labels every number the file rests on with
+where it comes from: ``datasheet`` (a vendor datasheet or product page, quoted under
+``inputs.sources``), ``published`` (a published measurement: the entry is a mapping whose
+``source`` names it -- paper, benchmark, table or figure) or ``assumption`` (chosen here, nothing
+measured it). An entry is the bare label or ``{label, source, note}``. Keys are dotted paths
+under ``inputs`` (``peak_bf16_tflops``, ``efficiency.model_mfu``) or, for a number the generator
+writes elsewhere without deriving it from an input, from the file's top (``topology.ranks_per_node``,
+``model.forward.fixed_s``); every other number is computed from the labelled ones by
+`spec_hardware`. ``inputs.fitted_on`` lists the ids of the published points a file's numbers
+were fitted on -- a fitted number is labelled ``published`` with its source, and the points are
+named here -- and is empty for a file fitted on nothing (every file today). The labels are not part of
+`Hardware.fingerprint`: they say where a number comes from, not what it is. A calibrated file
+is measured on the machine and carries no labels.
 """
 
 from __future__ import annotations
@@ -48,8 +62,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +86,8 @@ ELEMENTWISE_PASSES = {d.name: d.elementwise_passes for d in registry.REGISTERED 
 # AdamW direction + apply: read grad, m, v, param; write m, v, param and temporaries.
 ADAMW_BYTES_PER_ELEMENT = 40.0
 APPLY_BYTES_PER_ELEMENT = 16.0  # param *= (1 - lr wd); param += -lr U: two read+write passes
+EVIDENCE_LABELS = ("datasheet", "published", "assumption")  # inputs.provenance (module docstring)
+EVIDENCE_KEYS = ("provenance", "fitted_on")  # under inputs: where the numbers come from, not numbers
 
 
 def ring_steps(kind: str, p: int) -> int:
@@ -162,6 +178,7 @@ class Hardware:
             raise ConfigError(f"hardware {path or ''} must be a mapping with a name")
         self.raw, self.path = data, path
         self.name = str(data["name"])
+        check_evidence(data)
         self.source = str(data.get("source", "unknown"))
         self.device = dict(data.get("device") or {})
         topo = data.get("topology") or {}
@@ -212,8 +229,13 @@ class Hardware:
 
     @property
     def fingerprint(self) -> str:
-        """A short hash of the file's content: projections made with another content differ."""
-        text = json.dumps(self.raw, sort_keys=True, default=str)
+        """A short hash of the file's content: projections made with another content differ. The
+        evidence labels (``inputs.provenance``, ``inputs.fitted_on``) are left out: labelling a
+        file's numbers changes no projection, so it leaves the fingerprint as it was."""
+        raw, inputs = self.raw, self.raw.get("inputs")
+        if isinstance(inputs, dict) and any(k in inputs for k in EVIDENCE_KEYS):
+            raw = {**raw, "inputs": {k: v for k, v in inputs.items() if k not in EVIDENCE_KEYS}}
+        text = json.dumps(raw, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def inputs(self) -> dict[str, Any]:
@@ -351,6 +373,74 @@ class Hardware:
         return calls * self.copy_call_overhead_s + nbytes * self.copy_s_per_byte
 
 
+def evidence(entry: Any) -> tuple[Any, str | None]:
+    """(label, source) of one ``inputs.provenance`` entry: a bare label or ``{label, source, note}``."""
+    if isinstance(entry, dict):
+        return entry.get("label"), entry.get("source") or None
+    return entry, None
+
+
+def _number_at(data: dict[str, Any], key: str) -> Any:
+    """The value a provenance key names: under ``inputs`` first, else from the file's top."""
+    for node in (data.get("inputs") or {}, data):
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return node
+    return None
+
+
+def input_numbers(data: dict[str, Any]) -> list[str]:
+    """Dotted paths of the numbers under ``inputs`` (the evidence keys and sources aside)."""
+    out: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{path}.{k}" if path else str(k))
+        elif isinstance(node, (int, float)) and not isinstance(node, bool):
+            out.append(path)
+
+    walk({k: v for k, v in (data.get("inputs") or {}).items() if k not in (*EVIDENCE_KEYS, "sources")}, "")
+    return out
+
+
+def unlabelled(data: dict[str, Any]) -> list[str]:
+    """What a file's evidence lacks: input numbers without a provenance label, and labels that
+    name no number. Empty for a complete file (the spec-derived files are; a test holds them to it)."""
+    prov = (data.get("inputs") or {}).get("provenance") or {}
+    missing = [f"{k}: no provenance label" for k in input_numbers(data) if k not in prov]
+    stray = [f"{k}: labelled, but no such number" for k in prov
+             if not isinstance(_number_at(data, k), (int, float)) or isinstance(_number_at(data, k), bool)]
+    return missing + stray
+
+
+def check_evidence(data: dict[str, Any]) -> None:
+    """A ConfigError for malformed evidence: a label outside `EVIDENCE_LABELS`, a ``published``
+    number without its source, ``fitted_on`` not a list, or fitted points without a published number."""
+    name, inputs = data.get("name"), data.get("inputs")
+    if not isinstance(inputs, dict):
+        return
+    prov, fitted = inputs.get("provenance"), inputs.get("fitted_on", [])
+    if prov is not None and not isinstance(prov, dict):
+        raise ConfigError(f"hardware {name}: inputs.provenance must map each input to its label")
+    labels = []
+    for key, entry in (prov or {}).items():
+        label, source = evidence(entry)
+        if label not in EVIDENCE_LABELS:
+            raise ConfigError(f"hardware {name}: inputs.provenance.{key} is labelled {label!r}; "
+                              f"allowed: {', '.join(EVIDENCE_LABELS)}")
+        if label == "published" and not source:
+            raise ConfigError(f"hardware {name}: inputs.provenance.{key} is published but names no source "
+                              "(give {label: published, source: ...})")
+        labels.append(label)
+    if not isinstance(fitted, list):
+        raise ConfigError(f"hardware {name}: inputs.fitted_on must be a list of published point ids")
+    if fitted and "published" not in labels:
+        raise ConfigError(f"hardware {name}: inputs.fitted_on names published points but no number is "
+                          "labelled published")
+
+
 def _pass(d: dict[str, Any] | None, fallback: PassTiming) -> PassTiming:
     if not d:
         return fallback
@@ -418,6 +508,10 @@ class DeviceSpec:
     nvlink_latency_s: float = 3e-6  # per NCCL ring step within a node
     network_latency_s: float = 8e-6  # per NCCL ring step across nodes
     launch_s: float = 1e-5  # per collective / kernel launch
+    # what a node is, in the file's description
+    node: str = "nodes of {n} GPUs (NVLink inside a node, InfiniBand across)"
+    # this spec's provenance entries, over `SPEC_PROVENANCE` (inputs.provenance of its file)
+    provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 # Efficiency factors applied to the peaks (stated in every spec-derived file's ``inputs``).
@@ -430,18 +524,47 @@ EFFICIENCY = {
     "network_busbw": 0.85,  # NCCL bus bandwidth / NIC line rate
 }
 
+# Where each number a spec-derived file rests on comes from (its inputs.provenance; labels and
+# key paths: the module docstring), unless its DeviceSpec's ``provenance`` says otherwise. No
+# efficiency or latency is fitted to a published measurement yet: all are assumptions.
+SPEC_PROVENANCE: dict[str, Any] = {
+    "peak_bf16_tflops": "datasheet",
+    "peak_fp32_tflops": "datasheet",
+    "hbm_TBps": "datasheet",
+    "nvlink_GBps_per_direction": {"label": "datasheet", "note": "the datasheet's bidirectional NVLink bandwidth per GPU, halved"},
+    "network_GBps_per_gpu": "datasheet",
+    "nvlink_step_latency_s": "assumption",
+    "network_step_latency_s": "assumption",
+    "launch_s": "assumption",
+    **{f"efficiency.{k}": "assumption" for k in EFFICIENCY},
+    "topology.ranks_per_node": {"label": "datasheet", "note": "8 GPUs on one HGX / DGX baseboard's NVSwitch"},
+    "compute.call_overhead_s": {"label": "assumption", "note": "5 x launch_s per batched optimizer call per shape"},
+    "compute.overlap": {"label": "assumption", "note": "asynchronous communication wholly hidden behind host compute"},
+    "model.forward.fixed_s": "assumption",
+    "model.forward.layer_s": "assumption",
+    "model.backward.fixed_s": "assumption",
+    "model.backward.layer_s": "assumption",
+}
+NVL72 = "NVLink domains of {n} GPUs (one NVL72 rack; the network across racks)"
+NVL72_NETWORK = ("the NVL72 datasheet gives no scale-out bandwidth per GPU: one {gbit} Gb/s NIC per GPU ({nic}) "
+                 "is assumed")
+
+# Insertion order matters to `canzona.calibrate`'s spec=auto (the first key found in the device's
+# name): gb200 / gb300 come before b200, which "NVIDIA GB200" also contains.
 SPECS = {
     "h100": DeviceSpec(
         "h100", "NVIDIA H100 SXM5 80GB", 989.4, 66.9, 3.35, 450.0, 50.0,
         ("NVIDIA H100 Tensor Core GPU datasheet: BF16 989.4 TFLOPS dense, FP32 66.9 TFLOPS, "
          "HBM3 3.35 TB/s, NVLink 900 GB/s bidirectional",
          "NVIDIA DGX H100 user guide: 8x ConnectX-7 400 Gb/s InfiniBand NDR for the compute fabric"),
+        provenance={"network_GBps_per_gpu": {"label": "datasheet", "note": "DGX H100: one 400 Gb/s ConnectX-7 per GPU"}},
     ),
     "h200": DeviceSpec(
         "h200", "NVIDIA H200 SXM 141GB", 989.4, 66.9, 4.8, 450.0, 50.0,
         ("NVIDIA H200 Tensor Core GPU datasheet: BF16 989 TFLOPS dense, FP32 67 TFLOPS, "
          "HBM3e 4.8 TB/s, NVLink 900 GB/s bidirectional",
          "NVIDIA DGX H200: 8x ConnectX-7 400 Gb/s InfiniBand NDR for the compute fabric"),
+        provenance={"network_GBps_per_gpu": {"label": "datasheet", "note": "DGX H200: one 400 Gb/s ConnectX-7 per GPU"}},
     ),
     "a100": DeviceSpec(
         "a100", "NVIDIA A100 SXM4 80GB", 312.0, 19.5, 2.039, 300.0, 25.0,
@@ -449,8 +572,68 @@ SPECS = {
          "HBM2e 2,039 GB/s, NVLink 600 GB/s bidirectional",
          "NVIDIA DGX A100 user guide: 8x ConnectX-6 200 Gb/s InfiniBand HDR for the compute fabric"),
         network_latency_s=1e-5,
+        provenance={"network_GBps_per_gpu": {"label": "datasheet", "note": "DGX A100: one 200 Gb/s ConnectX-6 per GPU"}},
+    ),
+    "gb200": DeviceSpec(
+        "gb200", "NVIDIA GB200 NVL72 (Blackwell GPU)", 2500.0, 80.0, 8.0, 900.0, 50.0,
+        ("NVIDIA GB200 NVL72 specifications (nvidia.com/en-us/data-center/gb200-nvl72; 36 Grace CPUs : "
+         "72 Blackwell GPUs): FP16/BF16 Tensor Core 360 PFLOPS, a sparse figure (dense is one half), FP32 "
+         "5,760 TFLOPS, GPU memory 13.4 TB HBM3e | 576 TB/s, NVLink bandwidth 130 TB/s; per GB200 superchip "
+         "(1 Grace : 2 GPUs) 10 PFLOPS FP16/BF16 sparse, 160 TFLOPS FP32, 372 GB HBM3e | 16 TB/s, NVLink "
+         "3.6 TB/s",
+         "NVIDIA NVLink (nvidia.com/en-us/data-center/nvlink), fifth generation: 1.8 TB/s bidirectional per GPU "
+         "(18 links)"),
+        ranks_per_node=72, node=NVL72,
+        provenance={
+            "peak_bf16_tflops": {"label": "datasheet", "note": "360 PFLOPS sparse / 2 / 72 GPUs"},
+            "peak_fp32_tflops": {"label": "datasheet", "note": "5,760 TFLOPS / 72 GPUs"},
+            "hbm_TBps": {"label": "datasheet", "note": "576 TB/s / 72 GPUs"},
+            "nvlink_GBps_per_direction": {"label": "datasheet", "note": "1.8 TB/s bidirectional per GPU, halved"},
+            "network_GBps_per_gpu": {"label": "assumption", "note": NVL72_NETWORK.format(gbit=400, nic="ConnectX-7 class")},
+            "topology.ranks_per_node": {"label": "datasheet", "note": "72 GPUs in one NVLink domain (NVL72)"},
+        },
+    ),
+    "gb300": DeviceSpec(
+        "gb300", "NVIDIA GB300 NVL72 (Blackwell Ultra GPU)", 2500.0, 80.0, 8.0, 900.0, 100.0,
+        ("NVIDIA GB300 NVL72 specifications (nvidia.com/en-us/data-center/gb300-nvl72; 36 Grace CPUs : "
+         "72 Blackwell Ultra GPUs): FP16/BF16 Tensor Core 360 PFLOPS, a sparse figure (dense is one half), "
+         "FP32 6 PFLOPS, GPU memory up to 576 TB/s, NVLink bandwidth 130 TB/s",
+         "NVIDIA Blackwell Ultra datasheet, GB300 NVL72 column (per GPU): FP16/BF16 5 PFLOPS sparse, FP32 "
+         "80 TFLOPS, 279 GB HBM3E | 8 TB/s, NVLink 5 1.8 TB/s bidirectional"),
+        ranks_per_node=72, node=NVL72,
+        provenance={
+            "peak_bf16_tflops": {"label": "datasheet", "note": "5 PFLOPS sparse per GPU / 2 (rack: 360 PFLOPS / 2 / 72)"},
+            "peak_fp32_tflops": {"label": "datasheet", "note": "Blackwell Ultra datasheet, per GPU (the rack's 6 PFLOPS is rounded)"},
+            "hbm_TBps": {"label": "datasheet", "note": "8 TB/s per GPU (rack: 576 TB/s / 72)"},
+            "nvlink_GBps_per_direction": {"label": "datasheet", "note": "1.8 TB/s bidirectional per GPU, halved"},
+            "network_GBps_per_gpu": {"label": "assumption",
+                                     "note": NVL72_NETWORK.format(gbit=800, nic="ConnectX-8 SuperNIC class")},
+            "topology.ranks_per_node": {"label": "datasheet", "note": "72 GPUs in one NVLink domain (NVL72)"},
+        },
+    ),
+    "b200": DeviceSpec(
+        "b200", "NVIDIA B200 SXM (HGX B200)", 2250.0, 75.0, 7.7, 900.0, 50.0,
+        ("NVIDIA HGX B200 specifications (nvidia.com/en-us/data-center/hgx; 8 GPUs): FP16/BF16 Tensor Core "
+         "36 PFLOPS, a sparse figure (dense is one half), FP32 600 TFLOPS, NVSwitch GPU-to-GPU bandwidth "
+         "1.8 TB/s (NVLink 5), networking bandwidth 0.8 TB/s",
+         "NVIDIA Blackwell datasheet, HGX B200 column (per GPU): HBM3e 7.7 TB/s (the DGX B200 states "
+         "64 TB/s for 8 GPUs, 8 TB/s each)",
+         "NVIDIA DGX B200 datasheet: 8x single-port ConnectX-7 VPI, up to 400 Gb/s InfiniBand/Ethernet, for the "
+         "compute fabric"),
+        provenance={
+            "peak_bf16_tflops": {"label": "datasheet", "note": "36 PFLOPS sparse / 2 / 8 GPUs"},
+            "peak_fp32_tflops": {"label": "datasheet", "note": "600 TFLOPS / 8 GPUs"},
+            "hbm_TBps": {"label": "datasheet", "note": "the per-GPU figure, not DGX B200's 8 TB/s"},
+            "nvlink_GBps_per_direction": {"label": "datasheet", "note": "1.8 TB/s bidirectional per GPU, halved"},
+            "network_GBps_per_gpu": {"label": "datasheet", "note": "DGX B200: one 400 Gb/s ConnectX-7 per GPU"},
+        },
     ),
 }
+
+
+def spec_provenance(key: str) -> dict[str, Any]:
+    """The ``inputs.provenance`` of `SPECS`' ``key``: `SPEC_PROVENANCE` with the spec's own entries."""
+    return {**SPEC_PROVENANCE, **SPECS[key].provenance}
 
 
 def spec_hardware(key: str) -> dict[str, Any]:
@@ -466,7 +649,7 @@ def spec_hardware(key: str) -> dict[str, Any]:
     return {
         "name": key,
         "source": "spec-derived",
-        "description": f"{s.device}, nodes of {s.ranks_per_node} GPUs (NVLink inside a node, InfiniBand across), "
+        "description": f"{s.device}, {s.node.format(n=s.ranks_per_node)}, "
                        "derived from public specs times the stated efficiency factors; replace with "
                        "`python -m canzona.calibrate` on the machine when you have one",
         "device": {"name": s.device, "kind": "cuda", "host": None, "date": None, "torch": None, "cores": None},
@@ -475,6 +658,7 @@ def spec_hardware(key: str) -> dict[str, Any]:
             "nvlink_GBps_per_direction": s.nvlink_GBps, "network_GBps_per_gpu": s.network_GBps,
             "nvlink_step_latency_s": s.nvlink_latency_s, "network_step_latency_s": s.network_latency_s,
             "launch_s": s.launch_s, "efficiency": dict(e), "sources": list(s.sources),
+            "provenance": spec_provenance(key), "fitted_on": [],
         },
         "topology": {"ranks_per_node": s.ranks_per_node},
         "compute": {
@@ -501,3 +685,29 @@ def spec_hardware(key: str) -> dict[str, Any]:
             "inter": level(s.network_GBps, e["network_busbw"], s.network_latency_s),
         },
     }
+
+
+SPEC_FILE_WIDTH = 110  # yaml.safe_dump's line width in the committed files
+
+
+def spec_file_text(key: str) -> str:
+    """``hardware/<key>.yaml`` as committed: a header saying what the file is and how to regenerate
+    it, then `spec_hardware` as YAML."""
+    header = (
+        f"# Spec-derived hardware file ({key}): public datasheet peaks x the efficiency factors under\n"
+        "# inputs.efficiency (canzona/sim/hardware.py: SPECS, EFFICIENCY, SPEC_PROVENANCE, spec_hardware).\n"
+        "# Not measured: replace with `python -m canzona.calibrate out=hardware/<name>.yaml` on the real\n"
+        "# machine. inputs.provenance labels each number it rests on: datasheet (quoted under\n"
+        "# inputs.sources), published (a measurement, named beside the number) or assumption;\n"
+        "# inputs.fitted_on lists the published points its numbers were fitted on (empty: not fitted).\n"
+        "# Rules: the docstring of canzona/sim/hardware.py.\n"
+        f"# Regenerate: python -c \"from canzona.sim.hardware import write_spec_file; write_spec_file('{key}')\"\n"
+    )
+    return header + yaml.safe_dump(spec_hardware(key), sort_keys=False, width=SPEC_FILE_WIDTH)
+
+
+def write_spec_file(key: str, directory: Path | None = None) -> Path:
+    """Write ``<directory or hardware/>/<key>.yaml`` from `spec_file_text`; returns its path."""
+    path = (directory or HARDWARE_DIR) / f"{key}.yaml"
+    path.write_text(spec_file_text(key))
+    return path
