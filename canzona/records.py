@@ -24,9 +24,12 @@ so a crash never leaves half a record.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,31 +120,80 @@ def writable_folder(path: str | os.PathLike, key: str) -> Path:
     """Check that ``path`` is, or can be made, a folder this process can write into; else a
     one-line `ConfigError` naming ``key`` (an existing file, a path under something that is not
     a folder, no permission, a read-only or virtual filesystem). Leaves nothing behind: a probe
-    file is written and removed, and so are the folders made for it (the run makes its own)."""
+    file is written and removed, and so are the folders made for it (the run makes its own).
+
+    Safe to call from several processes on the same path at once: a folder another caller made
+    in the meantime is taken as found, one that another caller removed before this one's probe
+    went in is made again (`_PROBE_TRIES` times), and only folders this call made are removed,
+    once empty (a concurrent caller's probe in one is given a moment to go; a folder that stays
+    full is left)."""
     from canzona.errors import ConfigError
 
     p = Path(path)
-    if p.exists() and not p.is_dir():
+    if _is_other_than_folder(p):
         raise ConfigError(f"{key}={path}: exists and is not a folder; give a folder (or a new path)")
-    made = []
-    anc = p
-    while not anc.exists():
-        made.append(anc)
-        anc = anc.parent
+    made: list[Path] = []
     try:
-        for d in reversed(made):
-            d.mkdir()
-        with tempfile.NamedTemporaryFile(dir=p, prefix=".write-probe-"):
-            pass
+        for attempt in range(_PROBE_TRIES):
+            try:
+                _make_folders(p, made)
+                with tempfile.NamedTemporaryFile(dir=p, prefix=".write-probe-"):
+                    break
+            except FileNotFoundError:  # a concurrent caller removed a folder it had made: again
+                if attempt == _PROBE_TRIES - 1:
+                    raise
     except OSError as e:
         raise ConfigError(f"{key}={path}: cannot write there ({e.strerror or e}); give a folder this user can write") from None
     finally:
-        for d in made:
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+        for d in sorted(set(made), key=lambda d: len(d.parts), reverse=True):  # deepest first
+            _remove_empty(d)
     return p
+
+
+_PROBE_TRIES = 5
+
+
+def _remove_empty(folder: Path, tries: int = 20, pause_s: float = 0.005) -> None:
+    """Remove ``folder`` if empty; while a concurrent caller's probe is in it, try again a few
+    times (its probe lives a moment), then leave it (it holds something else, or that caller
+    is slow)."""
+    for _ in range(tries):
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                return
+        time.sleep(pause_s)
+
+
+def _make_folders(path: Path, made: list[Path]) -> None:
+    """Make ``path`` and its missing parents (``mkdir -p``: a folder made meanwhile by another
+    process is taken as found), adding to ``made`` each folder this call made."""
+    missing = []
+    anc = path
+    while not anc.exists():
+        missing.append(anc)
+        anc = anc.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            if _is_other_than_folder(d):
+                raise
+            continue  # made by another process (and maybe removed since: the next step retries)
+        made.append(d)
+
+
+def _is_other_than_folder(path: Path) -> bool:
+    """True when ``path`` is there and is not a folder (one stat, so a folder that another
+    process removes meanwhile reads as missing, never as a file)."""
+    try:
+        return not stat.S_ISDIR(path.stat().st_mode)
+    except OSError:  # missing, or under something that is not a folder: the mkdir tells which
+        return False
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -134,3 +134,38 @@ def test_the_commands_old_profile_key_points_to_hardware(tmp_path: Path, capsys)
     assert simulate_main([*TINY, "hardware=a100"]) == 0 and " on a100 (projected): " in capsys.readouterr().out
     assert validate_main([str(tmp_path), "hardware=h100"]) == 0
     assert capsys.readouterr().out.startswith("hardware h100 (spec-derived); 0 trials")
+
+
+# --------------------------------------------------------------------------- concurrent checks
+def _check_at_once(barrier, folder: str, results) -> None:
+    from canzona.errors import ConfigError
+    from canzona.records import writable_folder
+
+    barrier.wait()
+    try:
+        writable_folder(folder, "out")
+        results.put(None)
+    except ConfigError as e:
+        results.put(str(e))
+
+
+def test_writable_folder_from_several_processes_at_once(tmp_path: Path) -> None:
+    """Four processes check the same new nested path at the same moment, 25 times: none is
+    refused (the check before issue 29 refused one in most rounds, with "File exists", "No such
+    file or directory" or "exists and is not a folder"), and nothing is left behind."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    for r in range(25):
+        base = tmp_path / f"round{r}"
+        base.mkdir()
+        barrier, results = ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=_check_at_once, args=(barrier, str(base / "NEW" / "PATH"), results))
+                 for _ in range(4)]
+        for p in procs:
+            p.start()
+        errors = [e for e in (results.get(timeout=30) for _ in procs) if e]
+        for p in procs:
+            p.join(timeout=30)
+        assert not errors, f"round {r}: {errors}"
+        assert not any(base.iterdir()), f"round {r} left {sorted(base.rglob('*'))}"
