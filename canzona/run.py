@@ -3,10 +3,12 @@
 Started plainly it launches its own ranks (one process per rank, dp×tp of them, over gloo on
 CPU or NCCL on GPUs) and waits for them; under ``torchrun`` or Slurm (``RANK``/``WORLD_SIZE``
 or ``SLURM_PROCID``/``SLURM_NTASKS`` in the environment) this process is one rank of that
-launch. Each rank builds the Qwen3 shard, the plan's distributed optimizer, and runs
-``train.warmup`` + ``train.steps`` steps, timing each phase; rank 0 writes the records of
-`canzona.records` into ``out``. The work is done by `canzona.trial`; this module is the command
-line (and keeps the names the sweep launcher and the benchmarks call).
+launch, and rank 0 alone checks and prepares ``out`` and hands its verdict to the others
+(`canzona.trial.verdict`), which go on or report the same one line. Each rank builds the Qwen3
+shard, the plan's distributed optimizer, and runs ``train.warmup`` + ``train.steps`` steps,
+timing each phase; rank 0 writes the records of `canzona.records` into ``out``. The work is
+done by `canzona.trial`; this module is the command line (and keeps the names the sweep
+launcher and the benchmarks call).
 
 With ``dist.dry_run=true`` nothing trains: the ranks ``dist.dry_run_ranks`` of the job run here
 on fake CUDA tensors (`canzona.trial.dryrun`), ``out`` gets ``dryrun.json`` and ``dryrun.txt``
@@ -20,15 +22,17 @@ import signal
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from canzona.config import parse_cli
 from canzona.errors import ConfigError
 from canzona.records import RECORD_FILES, SUMMARY_FILE, writable_folder
+from canzona.trial.env import launched_externally
 
 __all__ = ["main"]
-_LAUNCH = ("launched_externally", "run_rank_from_env", "run_trial")
+_LAUNCH = ("run_rank_from_env", "run_trial")
 
 
 def __getattr__(name: str) -> Any:
@@ -61,20 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    out = Path(cfg.out)
     try:
-        out = writable_folder(cfg.out, "out")
-        earlier = [name for name in RECORD_FILES if (out / name).exists()]
-        if earlier and "--overwrite" not in args.flags:
-            raise ConfigError(f"out={cfg.out} holds an earlier run's records ({', '.join(earlier)}); give a new "
-                              f"out=DIR, or --overwrite to replace them")
+        prepare = partial(prepare_out, cfg.out, overwrite="--overwrite" in args.flags)
+        if launched_externally():  # rank 0 prepares `out`; every rank goes on or reports its error
+            from canzona.trial.env import launch_env
+            from canzona.trial.verdict import rank_zero_verdict
+
+            rank_zero_verdict(prepare, launch_env(), cfg.dist.timeout_s)
+        else:
+            prepare()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for name in earlier:  # --overwrite: gone before this run starts, so a failure leaves no earlier record
-        (out / name).unlink(missing_ok=True)
     if cfg.dist.dry_run:
         return dry_run_main(cfg, out)
-    from canzona.trial.launch import launched_externally, run_rank_from_env, run_trial
+    from canzona.trial.launch import run_rank_from_env, run_trial
 
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's or kill's SIGTERM: stop as on Ctrl-C
     started = time.time()
@@ -100,6 +106,20 @@ def main(argv: list[str] | None = None) -> int:
             f"(median of {cfg.train.steps}); records in {out}"
         )
     return 0
+
+
+def prepare_out(path: str, overwrite: bool) -> None:
+    """Check that ``out`` is a folder this process can write (`writable_folder`) that holds no
+    earlier run's records, or, with ``overwrite``, remove those records (gone before this run
+    starts, so a run that fails leaves none that look complete); else a one-line `ConfigError`.
+    Under an external launch only rank 0 runs this (`canzona.trial.verdict`)."""
+    out = writable_folder(path, "out")
+    earlier = [name for name in RECORD_FILES if (out / name).exists()]
+    if earlier and not overwrite:
+        raise ConfigError(f"out={path} holds an earlier run's records ({', '.join(earlier)}); give a new "
+                          f"out=DIR, or --overwrite to replace them")
+    for name in earlier:
+        (out / name).unlink(missing_ok=True)
 
 
 def failure_text(error: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 - `env`      where this process sits in a launch (torchrun / Slurm / submitit variables);
 - `launch`   starting the trial's ranks locally, or joining an external launch as one rank;
+- `verdict`  under an external launch, rank 0's check of ``out`` handed to every rank;
 - `rank`     one rank: set up, run the steps, gather the rows;
 - `summary`  the trial's aggregates (summary.json);
 - `trace`    the Chrome trace of the measured steps (trace.json).
