@@ -15,8 +15,9 @@ from omegaconf import OmegaConf
 
 from canzona.cost import COSTS
 from canzona.errors import ConfigError
-from canzona.inventory import MODELS, QWEN3_MOE, ModelConfig, check_experts, check_tp, model_config_of
+from canzona.inventory import OVERRIDE_KEYS, QWEN3_MOE, ModelConfig, check_experts, check_tp, model_config_of
 from canzona.layout import ExpertLayout
+from canzona.model_spec import ATTENTIONS, NORMS, POSITIONS, builtin_names
 from canzona.optim import registry as optimizers
 from canzona.optim.section import OptimizerSection
 from canzona.overrides import Arguments, Renamed, build, move_keys, parent_mapping, split_argv, upgrade_keys
@@ -36,8 +37,8 @@ DP_VARIANTS = ("minmax", "snap")
 
 @dataclass
 class ModelSection:
-    name: str = setting("qwen3-0.6b", "the Qwen3 model (shapes in canzona.inventory; shorthand model=NAME)",
-                        choices=tuple(MODELS))
+    name: str = setting("qwen3-0.6b", "the model: a built-in spec (" + ", ".join(builtin_names()) + ") or a spec "
+                                      "file path/to/spec.yaml (canzona.model_spec; shorthand model=NAME)")
     width_div: int = setting(1, "divide hidden, FFN, head_dim and vocab by this (heads kept: aspect ratios and relative costs stay)")
     num_layers: int | None = setting(None, "decoder layers; null keeps the model's")
     vocab: int | None = setting(None, "a tokenizer's vocabulary instead of Qwen3's 151936 (e.g. GPT-2's 50257), "
@@ -52,6 +53,29 @@ class ModelSection:
                                             "null keeps the model's")
     top_k: int | None = setting(None, "MoE models: experts each token is routed to, at most model.num_experts; "
                                       "null keeps the model's 8")
+    # Spec fields replaced one by one (canzona.model_spec.override_spec; the model's name says so)
+    hidden: int | None = setting(None, "the residual width; null keeps the spec's")
+    ffn: int | None = setting(None, "the dense MLP's width (an MoE model's: each routed expert's); null keeps the spec's")
+    heads: int | None = setting(None, "attention (query) heads; null keeps the spec's")
+    kv_heads: int | None = setting(None, "key/value heads (grouped-query attention); null keeps the spec's")
+    head_dim: int | None = setting(None, "each attention head's width; null keeps the spec's")
+    gated_mlp: bool | None = setting(None, "true: SwiGLU (fc1 holds gate and up); false: GeLU; null keeps the spec's")
+    norm: str | None = setting(None, "the normalisation; null keeps the spec's", choices=NORMS)
+    norm_eps: float | None = setting(None, "the norms' epsilon; null keeps the spec's")
+    qk_norm: bool | None = setting(None, "normalise each query and key head; null keeps the spec's")
+    position: str | None = setting(None, "position encoding: rotary or a learned absolute embedding; null keeps the "
+                                         "spec's", choices=POSITIONS)
+    rope_theta: float | None = setting(None, "the rotary base; null keeps the spec's")
+    max_positions: int | None = setting(None, "rows of a learned position embedding; null keeps the spec's")
+    shared_expert_ffn: int | None = setting(None, "MoE: the shared expert's width (0: none); null keeps the spec's")
+    dense_layers: int | None = setting(None, "MoE: dense layers before the first MoE layer; null keeps the spec's")
+    dense_ffn: int | None = setting(None, "MoE: those dense layers' FFN width; null keeps the spec's")
+    attention: str | None = setting(None, "gqa (grouped-query) or mla (multi-head latent attention, planning and "
+                                          "projection only); null keeps the spec's", choices=ATTENTIONS)
+    q_lora_rank: int | None = setting(None, "MLA: the query bottleneck's rank (0: none); null keeps the spec's")
+    kv_lora_rank: int | None = setting(None, "MLA: the key/value bottleneck's rank; null keeps the spec's")
+    qk_rope_dim: int | None = setting(None, "MLA: the rotary part of each query/key head; null keeps the spec's")
+    v_head_dim: int | None = setting(None, "MLA: each value head's width; null keeps the spec's")
 
 
 @dataclass
@@ -270,6 +294,7 @@ ID_NEUTRAL: dict[str, Any] = {
     "parallel.etp": None,
     "model.num_experts": None,
     "model.top_k": None,
+    **{f"model.{k}": None for k in OVERRIDE_KEYS},
     "bucket.expert_size": None,
     "optimizer.batch_equal_shapes": False,
     "peer.tp_mode": "blockwise",
@@ -355,6 +380,9 @@ def _check_peer(cfg: TrialConfig) -> None:
                           f"is not allowed; use parallel.tp=1")
     if cfg.model_cfg().moe:
         raise ConfigError(f"method={m.name} runs the dense Qwen3 models only: model={cfg.model.name} is MoE")
+    if not cfg.model_cfg().qwen3_architecture:
+        raise ConfigError(f"method={m.name} runs the Qwen3 architecture only (SwiGLU, RMSNorm, q/k-norm, rotary "
+                          f"positions): model={cfg.model.name} differs")
     wanted = "muon" if peer.matrix else "adamw"
     if cfg.optimizer.name != wanted:
         raise ConfigError(f"method={m.name} runs {wanted}: optimizer.name={cfg.optimizer.name} is not allowed with it")
@@ -365,7 +393,16 @@ def _check_peer(cfg: TrialConfig) -> None:
 def check_runnable(cfg: TrialConfig) -> None:
     """What building the model needs beyond planning it, as a one-line ConfigError: an MoE model
     at TP > 1 runs with sequence parallelism only (Megatron's MoE requires it; each TP rank then
-    routes its own part of the sequence). Planning alone takes either."""
+    routes its own part of the sequence). Planning alone takes either. Multi-head latent attention
+    is planned and projected only, and a learned position embedding must cover the sequence."""
+    mcfg = cfg.model_cfg()
+    if mcfg.mla:
+        raise ConfigError(f"model={cfg.model.name} has multi-head latent attention (model.attention=mla): the "
+                          f"harness plans and projects it (canzona.plan, canzona.sim.simulate) but builds only "
+                          f"grouped-query attention for real and dry runs")
+    if mcfg.position == "learned" and cfg.train.seq_len > mcfg.max_positions:
+        raise ConfigError(f"train.seq_len={cfg.train.seq_len} exceeds the {mcfg.max_positions} learned positions "
+                          f"of model={cfg.model.name}; give train.seq_len<={mcfg.max_positions}")
     if cfg.model_cfg().moe and cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
         raise ConfigError(f"parallel.sequence_parallel=false with parallel.tp={cfg.parallel.tp}: the MoE model "
                           f"{cfg.model.name} runs at TP > 1 with parallel.sequence_parallel=true only, as Megatron's "

@@ -1,4 +1,4 @@
-"""Qwen3 model inventory (dense and MoE): the ordered list of parameters as Megatron lays them out.
+"""The model inventory (dense and MoE): the ordered list of parameters as Megatron lays them out.
 
 Everything downstream (cost model, planner, executor, model) speaks in terms of `ParamSpec`s,
 so this module is the single source of truth for names, full (unsharded) shapes and how each
@@ -12,6 +12,11 @@ Canonical full layouts (independent of the TP size, so TP shards concatenated al
   key head, then its value head. TP must divide ``kv_heads``, so each rank holds whole groups.
 - fused gate/up ``[2 * ffn, hidden]``: rows interleaved one by one (row 2i is gate_i, row 2i+1
   is up_i), so any contiguous row block holds matching gate and up rows.
+
+The model is a spec (`canzona.model_spec.ModelConfig`: the Qwen3 sizes built in, any other
+transformer from a spec file). Without a gate (GeLU) fc1 is a single ``[ffn, hidden]`` block; a
+LayerNorm adds a bias after each norm weight; a learned position embedding follows the word
+embedding; multi-head latent attention replaces the fused QKV by its projections (`_mla_params`).
 
 Mixture-of-experts models (Qwen3-30B-A3B, Qwen3-235B-A22B: every layer sparse, no shared
 expert) replace each layer's MLP by a router ``[num_experts, hidden]`` (AdamW, like the norms)
@@ -28,58 +33,20 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from canzona.errors import ConfigError
+from canzona.model_spec import (  # noqa: F401  (re-exported: the spec is the inventory's input)
+    QWEN3,
+    QWEN3_ALL,
+    QWEN3_MOE,
+    SPEC_FIELDS,
+    ModelConfig,
+    builtin_names,
+    override_spec,
+    resolve_spec,
+)
 
 Kind = Literal["matrix", "adamw"]
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    name: str
-    hidden: int
-    ffn: int
-    num_layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied_embeddings: bool
-    num_experts: int = 0  # routed experts per layer; 0: a dense model (``ffn``: each expert's width)
-    top_k: int = 0  # experts each token is routed to
-
-    @property
-    def q_per_group(self) -> int:
-        return self.heads // self.kv_heads
-
-    @property
-    def moe(self) -> bool:
-        """Every decoder layer's MLP is a mixture of experts."""
-        return self.num_experts > 0
-
-
-# Public Qwen3 dense configs (head_dim 128, vocab 151936). docs/design.md §5.
-QWEN3: dict[str, ModelConfig] = {
-    c.name: c
-    for c in [
-        ModelConfig("qwen3-0.6b", 1024, 3072, 28, 16, 8, 128, 151936, True),
-        ModelConfig("qwen3-1.7b", 2048, 6144, 28, 16, 8, 128, 151936, True),
-        ModelConfig("qwen3-4b", 2560, 9728, 36, 32, 8, 128, 151936, True),
-        ModelConfig("qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936, False),
-        ModelConfig("qwen3-14b", 5120, 17408, 40, 40, 8, 128, 151936, False),
-        ModelConfig("qwen3-32b", 5120, 25600, 64, 64, 8, 128, 151936, False),
-    ]
-}
-
-# Public Qwen3 MoE configs (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B config.json): ``ffn`` is
-# moe_intermediate_size; decoder_sparse_step 1 and mlp_only_layers [] (every layer is MoE), no
-# shared expert, untied output.
-QWEN3_MOE: dict[str, ModelConfig] = {
-    c.name: c
-    for c in [
-        ModelConfig("qwen3-30b-a3b", 2048, 768, 48, 32, 4, 128, 151936, False, num_experts=128, top_k=8),
-        ModelConfig("qwen3-235b-a22b", 4096, 1536, 94, 64, 4, 128, 151936, False, num_experts=128, top_k=8),
-    ]
-}
-MODELS: dict[str, ModelConfig] = {**QWEN3, **QWEN3_MOE}
+MODELS = QWEN3_ALL  # the built-in Qwen3 sizes (spec files: `canzona.model_spec.spec_files`)
 
 
 VOCAB_DIVISIBLE_BY = 128  # Megatron's --make-vocab-size-divisible-by default
@@ -92,23 +59,30 @@ def padded_vocab(vocab: int, tp: int) -> int:
     return -(-vocab // multiple) * multiple
 
 
+# ``model.*`` keys with a meaning of their own (scaling a size, padding a tokenizer's vocabulary,
+# capping the experts); every other spec field given as ``model.<field>`` replaces the spec's value
+SCALING_KEYS = ("num_layers", "vocab", "tied_embeddings", "num_experts", "top_k")
+OVERRIDE_KEYS = tuple(k for k in SPEC_FIELDS if k not in SCALING_KEYS)
+
+
 def model_config(name: str, width_div: int = 1, num_layers: int | None = None, *, vocab: int | None = None,
                  tied_embeddings: bool | None = None, tp: int = 1, num_experts: int | None = None,
-                 top_k: int | None = None) -> ModelConfig:
-    """Look up a Qwen3 config, optionally scaled down for small machines or given another tokenizer.
+                 top_k: int | None = None, overrides: dict[str, Any] | None = None) -> ModelConfig:
+    """Look up a model's spec (`canzona.model_spec.resolve_spec`: a Qwen3 size, a built-in spec
+    file or a spec file's path), optionally changed, then scaled down for small machines.
 
-    ``width_div`` divides hidden, ffn, head_dim and vocab by the same factor (head counts kept),
-    so every matrix keeps its aspect ratio; ``num_layers`` truncates the stack. ``vocab`` replaces
-    Qwen3's vocabulary by a tokenizer's size (GPT-2's 50257, as the paper's authors trained),
-    padded for ``tp`` as Megatron pads it (`padded_vocab`) before any ``width_div``;
+    ``overrides`` replace spec fields (``model.hidden=...``; `override_spec`). ``width_div``
+    divides hidden, every FFN width, head_dim and vocab by the same factor (head counts kept),
+    so every matrix keeps its aspect ratio; ``num_layers`` truncates the stack. ``vocab``
+    replaces the vocabulary by a tokenizer's size (GPT-2's 50257, as the paper's authors
+    trained), padded for ``tp`` as Megatron pads it (`padded_vocab`) before any ``width_div``;
     ``tied_embeddings`` ties or unties the output layer (Qwen3 ties it up to 4B; Megatron ties it
     unless ``--untie-embeddings-and-output-weights``). Either one changed shows in the name.
     ``num_experts`` / ``top_k`` cut an MoE model's experts per layer and experts per token
     (`_scale_experts`).
     """
-    if name not in MODELS:
-        raise ConfigError(f"unknown model {name!r}; allowed: {', '.join(MODELS)}")
-    cfg = MODELS[name]
+    cfg = override_spec(resolve_spec(name), {k: v for k, v in (overrides or {}).items() if v is not None})
+    name = cfg.name
     suffix = ""
     if num_experts is not None or top_k is not None:
         cfg, suffix = _scale_experts(cfg, num_experts, top_k)
@@ -125,24 +99,25 @@ def model_config(name: str, width_div: int = 1, num_layers: int | None = None, *
         if tied_embeddings != cfg.tied_embeddings:
             suffix += "/tied" if tied_embeddings else "/untied"
         cfg = replace(cfg, tied_embeddings=tied_embeddings)
-    if not isinstance(width_div, int) or width_div < 1:
+    if isinstance(width_div, bool) or not isinstance(width_div, int) or width_div < 1:
         raise ConfigError(f"model.width_div={width_div!r} must be a positive integer")
-    for field in ("hidden", "ffn", "head_dim", "vocab"):
+    widths = ("hidden", "ffn", "head_dim", "vocab", "dense_ffn", "shared_expert_ffn")
+    for field in widths:
         if getattr(cfg, field) % width_div:
             raise ConfigError(
                 f"model.width_div={width_div} does not divide {field}={getattr(cfg, field)} of {name}"
             )
     if num_layers is not None and not (isinstance(num_layers, int) and 1 <= num_layers <= cfg.num_layers):
         raise ConfigError(f"model.num_layers={num_layers!r} must be an integer in [1, {cfg.num_layers}] for {name}")
+    if cfg.moe and num_layers is not None and num_layers <= cfg.dense_layers:
+        raise ConfigError(f"model.num_layers={num_layers} keeps only the {cfg.dense_layers} dense layers of {name}; "
+                          f"give more layers or model.dense_layers below {num_layers}")
     scaled = "" if width_div == 1 and num_layers is None else f"/w{width_div}l{num_layers or cfg.num_layers}"
     return replace(
         cfg,
-        name=cfg.name + scaled + suffix,
-        hidden=cfg.hidden // width_div,
-        ffn=cfg.ffn // width_div,
-        head_dim=cfg.head_dim // width_div,
-        vocab=cfg.vocab // width_div,
+        name=name + scaled + suffix,
         num_layers=num_layers or cfg.num_layers,
+        **{f: getattr(cfg, f) // width_div for f in widths},
     )
 
 
@@ -154,7 +129,8 @@ def _scale_experts(cfg: ModelConfig, num_experts: int | None, top_k: int | None)
     ``num_experts`` drops below the model's)."""
     if not cfg.moe:
         key = "model.num_experts" if num_experts is not None else "model.top_k"
-        raise ConfigError(f"{key} is for MoE models; {cfg.name} is dense (MoE: {', '.join(QWEN3_MOE)})")
+        raise ConfigError(f"{key} is for MoE models; {cfg.name} is dense (MoE: {', '.join(QWEN3_MOE)}, or a spec "
+                          f"with num_experts)")
     for key, value in (("model.num_experts", num_experts), ("model.top_k", top_k)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{key}={value!r} must be a positive integer")
@@ -172,9 +148,11 @@ def _scale_experts(cfg: ModelConfig, num_experts: int | None, top_k: int | None)
 def model_config_of(model: Any, tp: int = 1) -> ModelConfig:
     """`model_config` from a trial's ``model`` section, as an object or a records dict."""
     get = model.get if isinstance(model, dict) else lambda k, d=None: getattr(model, k, d)
-    return model_config(get("name", ""), get("width_div") or 1, get("num_layers"), vocab=get("vocab"),
-                        tied_embeddings=get("tied_embeddings"), tp=tp, num_experts=get("num_experts"),
-                        top_k=get("top_k"))
+    width_div = get("width_div")
+    return model_config(get("name", ""), 1 if width_div is None else width_div, get("num_layers"),
+                        vocab=get("vocab"), tied_embeddings=get("tied_embeddings"), tp=tp,
+                        num_experts=get("num_experts"), top_k=get("top_k"),
+                        overrides={k: get(k) for k in OVERRIDE_KEYS})
 
 
 @dataclass(frozen=True)
@@ -252,11 +230,30 @@ def _qkv_subs(cfg: ModelConfig, prefix: str) -> tuple[SubMatrix, ...]:
     )
 
 
-def _fc1_subs(cfg: ModelConfig, prefix: str) -> tuple[SubMatrix, ...]:
+def _fc1_subs(ffn: int, hidden: int, prefix: str) -> tuple[SubMatrix, ...]:
     return (
-        SubMatrix(f"{prefix}.gate", (cfg.ffn, cfg.hidden), ((0, 2 * cfg.ffn, 2),)),
-        SubMatrix(f"{prefix}.up", (cfg.ffn, cfg.hidden), ((1, 2 * cfg.ffn, 2),)),
+        SubMatrix(f"{prefix}.gate", (ffn, hidden), ((0, 2 * ffn, 2),)),
+        SubMatrix(f"{prefix}.up", (ffn, hidden), ((1, 2 * ffn, 2),)),
     )
+
+
+def _norm(cfg: ModelConfig, name: str, dim: int, layer: int | None, partial: bool) -> list[ParamSpec]:
+    """A norm's weight (and a LayerNorm's bias, registered after it), replicated, AdamW."""
+    out = [ParamSpec(f"{name}.weight", (dim,), None, "adamw", layer, tp_grad_allreduce=partial)]
+    if cfg.norm == "layernorm":
+        out.append(ParamSpec(f"{name}.bias", (dim,), None, "adamw", layer, tp_grad_allreduce=partial))
+    return out
+
+
+def _mlp(cfg: ModelConfig, prefix: str, ffn: int, layer: int, split_fused: bool, suffix: str = "",
+         expert: int | None = None) -> tuple[ParamSpec, ParamSpec]:
+    """An MLP's fc1 (``[2·ffn, hidden]``, gate and up rows interleaved, when gated; else
+    ``[ffn, hidden]``) and fc2 ``[hidden, ffn]``; ``suffix``: an expert's ``<e>``."""
+    fc1 = f"{prefix}.linear_fc1.weight{suffix}"
+    gated = cfg.gated_mlp
+    subs = _fc1_subs(ffn, cfg.hidden, fc1) if split_fused and gated else ()
+    return (ParamSpec(fc1, ((2 if gated else 1) * ffn, cfg.hidden), 0, "matrix", layer, subs, expert=expert),
+            ParamSpec(f"{prefix}.linear_fc2.weight{suffix}", (cfg.hidden, ffn), 1, "matrix", layer, expert=expert))
 
 
 def build_inventory(
@@ -266,62 +263,91 @@ def build_inventory(
 
     The order is ``GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=True), ...)
     .named_parameters()`` of megatron-core 0.16.1 (tests/unit/test_megatron_layout.py checks it):
-    the embedding; per layer ``input_layernorm``, ``self_attention.linear_proj`` (built by the
-    ``Attention`` base class before ``SelfAttention`` adds the rest), ``linear_qkv``,
-    ``q_layernorm``, ``k_layernorm``, ``pre_mlp_layernorm``, then ``mlp.linear_fc1`` /
-    ``linear_fc2`` (or an MoE layer's router and experts); the final norm; the output layer.
+    the embedding (and a learned position embedding after it); per layer ``input_layernorm``,
+    ``self_attention.linear_proj`` (built by the ``Attention`` base class before
+    ``SelfAttention`` adds the rest), ``linear_qkv``, ``q_layernorm``, ``k_layernorm`` (with
+    q/k-norm), ``pre_mlp_layernorm``, then ``mlp.linear_fc1`` / ``linear_fc2`` (or an MoE layer's
+    router, experts and shared expert); the final norm; the output layer. A LayerNorm has a bias
+    after its weight.
 
     Embedding and output layer go to AdamW unless ``matrix_embeddings``; norms always do.
     A tied model has no separate output layer. With ``sequence_parallel`` the hidden-size norms
-    (and an MoE router, which Megatron marks ``sequence_parallel`` too) see only their TP rank's
-    part of the sequence, so their gradients are partial per TP rank (``tp_grad_allreduce``, as
-    the q/k norms' always are). An MoE model's layers have a router and experts
+    (an MoE router and a learned position embedding, which see their TP rank's part of the
+    sequence too) have gradients partial per TP rank (``tp_grad_allreduce``, as the q/k norms'
+    always are). An MoE model's layers after its ``dense_layers`` have a router and experts
     (`_moe_params`) where a dense one has ``mlp.linear_fc1`` / ``linear_fc2``.
     """
     emb_kind: Kind = "matrix" if matrix_embeddings else "adamw"
     hd = cfg.head_dim
     sp = sequence_parallel
     params = [ParamSpec("embedding.word_embeddings.weight", (cfg.vocab, cfg.hidden), 0, emb_kind)]
+    if cfg.position == "learned":
+        params.append(ParamSpec("embedding.position_embeddings.weight", (cfg.max_positions, cfg.hidden), None,
+                                "adamw", tp_grad_allreduce=sp))
     for i in range(cfg.num_layers):
         p = f"decoder.layers.{i}"
         qkv = f"{p}.self_attention.linear_qkv.weight"
-        fc1 = f"{p}.mlp.linear_fc1.weight"
-        params += [
-            ParamSpec(f"{p}.input_layernorm.weight", (cfg.hidden,), None, "adamw", i, tp_grad_allreduce=sp),
-            # megatron-core's Attention.__init__ builds linear_proj; SelfAttention.__init__ then adds
-            # linear_qkv and the q/k norms, so the output projection is registered first
-            ParamSpec(f"{p}.self_attention.linear_proj.weight", (cfg.hidden, cfg.heads * hd), 1, "matrix", i),
-            ParamSpec(qkv, ((cfg.heads + 2 * cfg.kv_heads) * hd, cfg.hidden), 0, "matrix", i,
-                      _qkv_subs(cfg, qkv) if split_fused else ()),
-            ParamSpec(f"{p}.self_attention.q_layernorm.weight", (hd,), None, "adamw", i, tp_grad_allreduce=True),
-            ParamSpec(f"{p}.self_attention.k_layernorm.weight", (hd,), None, "adamw", i, tp_grad_allreduce=True),
-            ParamSpec(f"{p}.pre_mlp_layernorm.weight", (cfg.hidden,), None, "adamw", i, tp_grad_allreduce=sp),
-        ]
-        if cfg.moe:
+        params += _norm(cfg, f"{p}.input_layernorm", cfg.hidden, i, sp)
+        if cfg.mla:
+            params += _mla_params(cfg, i, sp)
+        else:
+            params += [
+                # megatron-core's Attention.__init__ builds linear_proj; SelfAttention.__init__ then adds
+                # linear_qkv and the q/k norms, so the output projection is registered first
+                ParamSpec(f"{p}.self_attention.linear_proj.weight", (cfg.hidden, cfg.heads * hd), 1, "matrix", i),
+                ParamSpec(qkv, ((cfg.heads + 2 * cfg.kv_heads) * hd, cfg.hidden), 0, "matrix", i,
+                          _qkv_subs(cfg, qkv) if split_fused else ()),
+            ]
+            if cfg.qk_norm:
+                params += _norm(cfg, f"{p}.self_attention.q_layernorm", hd, i, True)
+                params += _norm(cfg, f"{p}.self_attention.k_layernorm", hd, i, True)
+        params += _norm(cfg, f"{p}.pre_mlp_layernorm", cfg.hidden, i, sp)
+        if cfg.is_moe_layer(i):
             params += _moe_params(cfg, i, split_fused=split_fused, sequence_parallel=sp)
-            continue
-        params += [
-            ParamSpec(fc1, (2 * cfg.ffn, cfg.hidden), 0, "matrix", i, _fc1_subs(cfg, fc1) if split_fused else ()),
-            ParamSpec(f"{p}.mlp.linear_fc2.weight", (cfg.hidden, cfg.ffn), 1, "matrix", i),
-        ]
-    params.append(ParamSpec("decoder.final_layernorm.weight", (cfg.hidden,), None, "adamw", tp_grad_allreduce=sp))
+        else:
+            params += _mlp(cfg, f"{p}.mlp", cfg.layer_dense_ffn, i, split_fused)
+    params += _norm(cfg, "decoder.final_layernorm", cfg.hidden, None, sp)
     if not cfg.tied_embeddings:
         params.append(ParamSpec("output_layer.weight", (cfg.vocab, cfg.hidden), 0, emb_kind))
     return params
 
 
+def _mla_params(cfg: ModelConfig, layer: int, sp: bool) -> list[ParamSpec]:
+    """One layer's multi-head latent attention in megatron-core's ``MLASelfAttention`` order:
+    ``linear_proj`` (its base class), the query's down and up projections (or one
+    ``linear_q_proj`` without a query bottleneck), the key/value down and up projections, then
+    the ``q_layernorm`` / ``kv_layernorm`` of the bottlenecks. The projections are laid out as
+    megatron-core's local spec builds them, column-parallel over TP (its Transformer Engine spec
+    keeps the two down projections whole on every TP rank instead: not modelled)."""
+    a = f"decoder.layers.{layer}.self_attention"
+    qk = cfg.head_dim + cfg.qk_rope_dim
+    out = [ParamSpec(f"{a}.linear_proj.weight", (cfg.hidden, cfg.heads * cfg.v_head_dim), 1, "matrix", layer)]
+    if cfg.q_lora_rank:
+        out += [ParamSpec(f"{a}.linear_q_down_proj.weight", (cfg.q_lora_rank, cfg.hidden), 0, "matrix", layer),
+                ParamSpec(f"{a}.linear_q_up_proj.weight", (cfg.heads * qk, cfg.q_lora_rank), 0, "matrix", layer)]
+    else:
+        out.append(ParamSpec(f"{a}.linear_q_proj.weight", (cfg.heads * qk, cfg.hidden), 0, "matrix", layer))
+    out += [ParamSpec(f"{a}.linear_kv_down_proj.weight", (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.hidden), 0,
+                      "matrix", layer),
+            ParamSpec(f"{a}.linear_kv_up_proj.weight", (cfg.heads * (cfg.head_dim + cfg.v_head_dim),
+                                                         cfg.kv_lora_rank), 0, "matrix", layer)]
+    if cfg.q_lora_rank:
+        out += _norm(cfg, f"{a}.q_layernorm", cfg.q_lora_rank, layer, sp)
+    return out + _norm(cfg, f"{a}.kv_layernorm", cfg.kv_lora_rank, layer, sp)
+
+
 def _moe_params(cfg: ModelConfig, layer: int, *, split_fused: bool, sequence_parallel: bool) -> list[ParamSpec]:
-    """One MoE layer's router and experts, in megatron-core's registration order (router, then
-    ``TEGroupedMLP``'s fc1 of every expert, then fc2 of every expert)."""
+    """One MoE layer's router, experts and shared expert, in megatron-core's registration order
+    (router, then ``TEGroupedMLP``'s fc1 of every expert, then fc2 of every expert, then the
+    ``SharedExpertMLP``'s fc1 and fc2: a dense MLP split over TP like any other)."""
     p = f"decoder.layers.{layer}.mlp"
     out = [ParamSpec(f"{p}.router.weight", (cfg.num_experts, cfg.hidden), None, "adamw", layer,
                      tp_grad_allreduce=sequence_parallel)]
-    for e in range(cfg.num_experts):
-        fc1 = f"{p}.experts.linear_fc1.weight{e}"
-        out.append(ParamSpec(fc1, (2 * cfg.ffn, cfg.hidden), 0, "matrix", layer,
-                             _fc1_subs(cfg, fc1) if split_fused else (), expert=e))
-    out += [ParamSpec(f"{p}.experts.linear_fc2.weight{e}", (cfg.hidden, cfg.ffn), 1, "matrix", layer, expert=e)
-            for e in range(cfg.num_experts)]
+    experts = [_mlp(cfg, f"{p}.experts", cfg.ffn, layer, split_fused, str(e), expert=e)
+               for e in range(cfg.num_experts)]
+    out += [fc1 for fc1, _ in experts] + [fc2 for _, fc2 in experts]
+    if cfg.shared_expert_ffn:
+        out += _mlp(cfg, f"{p}.shared_experts", cfg.shared_expert_ffn, layer, split_fused)
     return out
 
 
@@ -329,7 +355,10 @@ def check_tp(cfg: ModelConfig, tp: int) -> None:
     """Raise ConfigError unless TP divides every dim it must split."""
     if not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"parallel.tp={tp!r} must be a positive integer")
-    for what, n in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads), ("ffn", cfg.ffn), ("vocab", cfg.vocab)):
+    sizes = (("heads", cfg.heads), ("kv_heads", cfg.kv_heads), ("ffn", cfg.ffn), ("vocab", cfg.vocab),
+             ("dense_ffn", cfg.dense_ffn), ("shared_expert_ffn", cfg.shared_expert_ffn),
+             ("q_lora_rank", cfg.q_lora_rank), ("kv_lora_rank + qk_rope_dim", cfg.kv_lora_rank + cfg.qk_rope_dim))
+    for what, n in sizes:
         if n % tp:
             raise ConfigError(f"parallel.tp={tp} does not divide {what}={n} of {cfg.name}")
 

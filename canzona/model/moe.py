@@ -120,11 +120,13 @@ class Experts(nn.Module):
 
     def __init__(self, cfg: ModelConfig, experts: range, dtype: torch.dtype, etp: int = 1):
         super().__init__()
-        self.linear_fc1 = ExpertWeights(experts, (2 * cfg.ffn // etp, cfg.hidden), dtype)
+        rows = 2 * cfg.ffn if cfg.gated_mlp else cfg.ffn
+        self.act = fused.swiglu if cfg.gated_mlp else F.gelu
+        self.linear_fc1 = ExpertWeights(experts, (rows // etp, cfg.hidden), dtype)
         self.linear_fc2 = ExpertWeights(experts, (cfg.hidden, cfg.ffn // etp), dtype)
 
     def forward(self, x: torch.Tensor, local: int) -> torch.Tensor:
-        return self.linear_fc2(fused.swiglu(self.linear_fc1(x, local)), local)
+        return self.linear_fc2(self.act(self.linear_fc1(x, local)), local)
 
 
 def balanced_choice(tokens: int, top_k: int, num_experts: int, device: torch.device | str,
@@ -154,7 +156,8 @@ class MoELayer(nn.Module):
     """
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, ep: int = 1, ep_rank: int = 0, ep_group=None,
-                 balanced_routing: bool = False, etp: int = 1, etp_rank: int = 0, etp_group=None):
+                 balanced_routing: bool = False, etp: int = 1, etp_rank: int = 0, etp_group=None,
+                 shared_experts: nn.Module | None = None):
         super().__init__()
         self.num_experts, self.top_k = cfg.num_experts, cfg.top_k
         self.ep, self.ep_rank, self.ep_group = ep, ep_rank, ep_group
@@ -163,6 +166,7 @@ class MoELayer(nn.Module):
         self.balanced_routing = balanced_routing
         self.router = Router(cfg.num_experts, cfg.hidden, dtype)
         self.experts = Experts(cfg, range(ep_rank * self.local, (ep_rank + 1) * self.local), dtype, etp)
+        self.shared_experts = shared_experts  # a dense MLP every token also goes through (registered last)
 
     def route(self, x: torch.Tensor, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [T, hidden]`` (tokens ``first ..`` of the expert-TP group's) -> (fp32 probabilities
@@ -229,4 +233,5 @@ class MoELayer(nn.Module):
         out = weighted.index_select(0, inverse).view(tokens.shape[0], k, -1).sum(1).to(x.dtype)
         if self.etp > 1:  # partial sums over the expert-TP ranks' ffn blocks -> this rank's tokens, summed
             out = sp.reduce_scatter(out, self.etp_group)
-        return out.view(shape)
+        out = out.view(shape)
+        return out if self.shared_experts is None else out + self.shared_experts(x)

@@ -68,7 +68,6 @@ with warnings.catch_warnings():  # "Transformer Engine and Apex are not installe
         vocab_parallel_cross_entropy,
     )
 
-ROPE_THETA = 1_000_000.0
 NORM_EPS = 1e-6
 INIT_STD = 0.02
 # Full tensors are generated in row chunks of about this many elements; chunk boundaries depend
@@ -90,6 +89,28 @@ class RMSNorm(nn.Module):
         return fused.rms_norm(x, self.weight, self.eps)
 
 
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dim in fp32 (weight ones, bias zeros, registered in that order, as
+    megatron-core's), returned in the input's dtype."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(dim, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), self.bias.float(), self.eps)
+        return out.to(x.dtype)
+
+
+def make_norm(cfg: ModelConfig, dim: int, dtype: torch.dtype) -> nn.Module:
+    """The spec's normalisation (``cfg.norm``, ``cfg.norm_eps``) over ``dim``."""
+    if cfg.norm == "layernorm":
+        return LayerNorm(dim, cfg.norm_eps, dtype)
+    return RMSNorm(dim, cfg.norm_eps, dtype)
+
+
 def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding (rotate-half convention, as HF Qwen3) on x [b, heads, s, head_dim]."""
     s, hd = x.shape[-2], x.shape[-1]
@@ -102,16 +123,32 @@ def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 class Embedding(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, sp_group=None):
+    """The vocab-parallel word embedding, plus a learned absolute position embedding (replicated)
+    when the spec has one. With sequence parallelism each TP rank adds the positions of its own
+    part of the sequence, so the position embedding's gradient is partial per TP rank (the
+    inventory marks it ``tp_grad_allreduce``; Megatron adds before scattering: the same sum)."""
+
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, sp_group=None, dtype: torch.dtype = torch.float32):
         super().__init__()
+        self.sp_group = sp_group
         self.word_embeddings = VocabParallelEmbedding(
             cfg.vocab, cfg.hidden, init_method=_no_init, config=mp, tp_group=_tp_group()
         )
+        self.position_embeddings = (nn.Embedding(cfg.max_positions, cfg.hidden, dtype=dtype)
+                                    if cfg.position == "learned" else None)
         if sp_group is not None:  # tokens [b, s] -> [s/tp, b, h]
             sp.install(self.word_embeddings, "embedding", sp_group)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.word_embeddings(tokens)
+        out = self.word_embeddings(tokens)
+        if self.position_embeddings is None:
+            return out
+        s = tokens.shape[1]
+        if self.sp_group is not None:  # out [s/tp, b, h]: this rank's positions
+            part = s // dist.get_world_size(self.sp_group)
+            first = dist.get_rank(self.sp_group) * part
+            return out + self.position_embeddings.weight[first:first + part].unsqueeze(1)
+        return out + self.position_embeddings.weight[:s]
 
 
 class SelfAttention(nn.Module):
@@ -132,8 +169,11 @@ class SelfAttention(nn.Module):
             cfg.hidden, (cfg.heads + 2 * cfg.kv_heads) * hd, config=mp, init_method=_no_init,
             bias=False, gather_output=False, tp_group=_tp_group(),
         )
-        self.q_layernorm = RMSNorm(hd, dtype=dtype)
-        self.k_layernorm = RMSNorm(hd, dtype=dtype)
+        if cfg.qk_norm:
+            self.q_layernorm = make_norm(cfg, hd, dtype)
+            self.k_layernorm = make_norm(cfg, hd, dtype)
+        self.qk_norm = cfg.qk_norm
+        self.rope_theta = cfg.rope_theta if cfg.position == "rope" else None
         if sp_group is not None:
             sp.install(self.linear_qkv, "column", sp_group)
             sp.install(self.linear_proj, "row", sp_group)
@@ -153,9 +193,11 @@ class SelfAttention(nn.Module):
             mixed = mixed.transpose(0, 1).contiguous()
         b, s, _ = mixed.shape
         q, k, v = self.split_qkv(mixed)
-        q = _rope(self.q_layernorm(q).transpose(1, 2), ROPE_THETA)
-        k = _rope(self.k_layernorm(k).transpose(1, 2), ROPE_THETA)
-        v = v.transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.rope_theta is not None:
+            q, k = _rope(q, self.rope_theta), _rope(k, self.rope_theta)
         k = k.repeat_interleave(self.q_per_group, dim=1)
         v = v.repeat_interleave(self.q_per_group, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, s, hd]
@@ -166,15 +208,25 @@ class SelfAttention(nn.Module):
         return out
 
 
+def activation(cfg: ModelConfig):
+    """The MLP's activation on fc1's output: SwiGLU of the interleaved gate/up rows, or GeLU
+    (exact, as Megatron's without its bias-GeLU fusion)."""
+    return fused.swiglu if cfg.gated_mlp else F.gelu
+
+
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, sp_group=None):
+    """A dense MLP of width ``ffn`` (the spec's dense width unless given: a shared expert's)."""
+
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, sp_group=None, ffn: int | None = None):
         super().__init__()
+        ffn = cfg.layer_dense_ffn if ffn is None else ffn
+        self.act = activation(cfg)
         self.linear_fc1 = ColumnParallelLinear(
-            cfg.hidden, 2 * cfg.ffn, config=mp, init_method=_no_init, bias=False, gather_output=False,
-            tp_group=_tp_group(),
+            cfg.hidden, (2 if cfg.gated_mlp else 1) * ffn, config=mp, init_method=_no_init, bias=False,
+            gather_output=False, tp_group=_tp_group(),
         )
         self.linear_fc2 = RowParallelLinear(
-            cfg.ffn, cfg.hidden, config=mp, init_method=_no_init, bias=False,
+            ffn, cfg.hidden, config=mp, init_method=_no_init, bias=False,
             input_is_parallel=True, skip_bias_add=False, tp_group=_tp_group(),
         )
         if sp_group is not None:
@@ -182,19 +234,23 @@ class MLP(nn.Module):
             sp.install(self.linear_fc2, "row", sp_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h, _ = self.linear_fc1(x)  # local rows interleaved: 2i gate_i, 2i+1 up_i
-        out, _ = self.linear_fc2(fused.swiglu(h))
+        h, _ = self.linear_fc1(x)  # gated: local rows interleaved, 2i gate_i, 2i+1 up_i
+        out, _ = self.linear_fc2(self.act(h))
         return out
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype, sp_group=None,
-                 moe: dict | None = None):
+                 moe: dict | None = None, layer: int = 0):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
+        self.input_layernorm = make_norm(cfg, cfg.hidden, dtype)
         self.self_attention = SelfAttention(cfg, mp, tp, dtype, sp_group)
-        self.pre_mlp_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
-        self.mlp = MoELayer(cfg, dtype, **moe) if cfg.moe else MLP(cfg, mp, sp_group)
+        self.pre_mlp_layernorm = make_norm(cfg, cfg.hidden, dtype)
+        if cfg.is_moe_layer(layer):
+            shared = MLP(cfg, mp, sp_group, cfg.shared_expert_ffn) if cfg.shared_expert_ffn else None
+            self.mlp: nn.Module = MoELayer(cfg, dtype, **moe, shared_experts=shared)  # type: ignore[arg-type]
+        else:
+            self.mlp = MLP(cfg, mp, sp_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attention(self.input_layernorm(x))
@@ -228,8 +284,8 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype,
                  recompute: bool = False, sp_group=None, moe: dict | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg, mp, tp, dtype, sp_group, moe) for _ in range(cfg.num_layers))
-        self.final_layernorm = RMSNorm(cfg.hidden, dtype=dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, mp, tp, dtype, sp_group, moe, i) for i in range(cfg.num_layers))
+        self.final_layernorm = make_norm(cfg, cfg.hidden, dtype)
         self.recompute = recompute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -279,7 +335,7 @@ class Qwen3Model(nn.Module):
             etp_group = parallel_state.get_expert_tensor_parallel_group() if etp > 1 else None
             moe = dict(ep=ep, ep_rank=ep_rank, ep_group=ep_group, balanced_routing=balanced_routing, etp=etp,
                        etp_rank=etp_rank, etp_group=etp_group)
-        self.embedding = Embedding(cfg, mp, sp_group)
+        self.embedding = Embedding(cfg, mp, sp_group, dtype)
         self.decoder = Decoder(cfg, mp, tp, dtype, recompute, sp_group, moe)
         # Tied: no weight of its own; forward passes the embedding's [vocab/tp, hidden] shard.
         self.output_layer = ColumnParallelLinear(
@@ -420,12 +476,12 @@ def _init_std(spec: ParamSpec, num_layers: int) -> float:
 def init_shard(spec: ParamSpec, idx: int, *, seed: int, num_layers: int, tp: int = 1, tp_rank: int = 0) -> torch.Tensor:
     """This rank's shard of the seeded full tensor of param ``idx`` of the inventory (CPU, fp32).
 
-    Norm weights are ones. Matrices are N(0, std²) (std 0.02; linear_proj/fc2, experts' fc2
+    Norm weights are ones, LayerNorm biases zeros. Matrices are N(0, std²) (std 0.02; linear_proj/fc2, experts' fc2
     too, scaled by 1/sqrt(2·layers)), generated in row chunks, chunk c from a generator seeded by
     sha256(seed, idx, c): the full tensor does not depend on ``tp``.
     """
-    if len(spec.shape) == 1:
-        return torch.ones(spec.local_shape(tp))
+    if len(spec.shape) == 1:  # a norm's weight is ones, a LayerNorm's bias zeros
+        return (torch.zeros if spec.name.endswith(".bias") else torch.ones)(spec.local_shape(tp))
     rows, cols = spec.shape
     std = _init_std(spec, num_layers)
     chunk_rows = max(1, _INIT_CHUNK_ELEMS // cols)

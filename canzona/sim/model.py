@@ -45,6 +45,9 @@ from canzona.sim.hardware import Hardware
 
 BYTES = 4  # the executor's grad and param buffers are fp32
 HOOK_COPY_FACTOR = 1.5  # grad_view.add_(grad): read two, write one (in units of one copy)
+# the layer's projection whose backward also carries the attention core and the column-parallel
+# input gradient: the fused QKV, or multi-head latent attention's key/value up projection
+ATTENTION_INPUTS = ("linear_qkv.weight", "linear_kv_up_proj.weight")
 
 
 @dataclass(frozen=True)
@@ -68,15 +71,22 @@ def forward_flops(mcfg: ModelConfig, tp: int, micro_batch: int, seq_len: int) ->
     """Forward flops per rank: ``2·T·(local weight elements of the matmuls)``, T = micro_batch·seq_len
     tokens, the output layer (tied: the embedding) counted and the embedding lookup not; plus
     attention ``4·L·(heads·head_dim/tp)·seq·T`` (QKᵀ and AV, the non-causal count of the usual
-    MFU formula); an MoE layer's router and experts as `moe_layer_flops`. Backward is twice this."""
+    MFU formula; `attention_flops`); each MoE layer's router and experts as `moe_layer_flops` (a
+    shared expert and the dense layers by their own weights). Backward is twice this."""
     tokens = micro_batch * seq_len
     params = build_inventory(mcfg)
     dense = [p for p in params if len(p.shape) == 2 and not p.name.startswith("embedding.") and not _moe_param(p)]
     elems = sum(p.local_numel(tp) for p in dense)
     if mcfg.tied_embeddings:
         elems += mcfg.vocab * mcfg.hidden / tp
-    moe = mcfg.num_layers * moe_layer_flops(mcfg, tp, tokens) if mcfg.moe else 0.0
-    return 2.0 * tokens * elems + mcfg.num_layers * 4.0 * (mcfg.heads * mcfg.head_dim / tp) * seq_len * tokens + moe
+    moe = mcfg.moe_layers * moe_layer_flops(mcfg, tp, tokens) if mcfg.moe else 0.0
+    return 2.0 * tokens * elems + mcfg.num_layers * attention_flops(mcfg, tp, seq_len, tokens) + moe
+
+
+def attention_flops(mcfg: ModelConfig, tp: int, seq_len: int, tokens: int) -> float:
+    """One layer's attention core on one rank: QKᵀ and AV, ``4·(heads/tp)·width·seq·T`` with the
+    heads' mean product width (`ModelConfig.attention_width`: head_dim with GQA)."""
+    return 4.0 * (mcfg.heads * mcfg.attention_width / tp) * seq_len * tokens
 
 
 def _moe_param(p) -> bool:
@@ -86,9 +96,10 @@ def _moe_param(p) -> bool:
 
 def moe_layer_flops(mcfg: ModelConfig, tp: int, tokens: int) -> float:
     """Forward flops of one MoE layer on one rank under balanced routing: its T/tp tokens through
-    the router and, k per token, through experts of 3·hidden·ffn weights (module docstring)."""
+    the router and, k per token, through experts of 3·hidden·ffn weights (2·hidden·ffn without a
+    gate; module docstring)."""
     routed = tokens / tp
-    return 2.0 * routed * (mcfg.top_k * 3 * mcfg.hidden * mcfg.ffn + mcfg.num_experts * mcfg.hidden)
+    return 2.0 * routed * (mcfg.top_k * mcfg.mlp_matrices * mcfg.hidden * mcfg.ffn + mcfg.num_experts * mcfg.hidden)
 
 
 def moe_comm_seconds(cfg: TrialConfig, hw: Hardware, ep_ranks: Sequence[int], etp_ranks: Sequence[int]) -> float:
@@ -117,7 +128,7 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
     b, s = cfg.train.micro_batch, cfg.train.seq_len
     tokens = b * s
     L = mcfg.num_layers
-    attn_layer = 4.0 * (mcfg.heads * mcfg.head_dim / tp) * s * tokens
+    attn_layer = attention_flops(mcfg, tp, s, tokens)
     head_elems = mcfg.vocab * mcfg.hidden / tp
 
     def is_matmul(i: int) -> bool:
@@ -139,10 +150,10 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
         # where plain TP all-reduces. Forward: (embedding, layer, head); backward: (head, qkv,
         # proj, fc1, fc2, embedding)
         # (an MoE layer has no MLP collectives of its own: the experts' traffic is ``moe_comm``)
-        fwd_tp = (rs, (1 if mcfg.moe else 2) * (ag + rs), ag + 3 * ar_small)
+        fwd_tp = (rs, (2 * (ag + rs), ag + rs), ag + 3 * ar_small)
         bwd_tp = (ag + rs, ag + rs, ag, ag + rs, ag, ag)
     else:
-        fwd_tp = (ar_act, 2 * ar_act, 3 * ar_small)
+        fwd_tp = (ar_act, (2 * ar_act, 2 * ar_act), 3 * ar_small)
         bwd_tp = (ar_act, ar_act, 0.0, ar_act, 0.0, 0.0)
     bwd_head, bwd_qkv, bwd_proj, bwd_fc1, bwd_fc2, bwd_emb = bwd_tp
 
@@ -190,7 +201,7 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
                 sec += 2.0 * moe_flops * p.numel / moe_numel / bw.flops_per_s
                 if i == moe_members[0]:
                     sec += moe_comm  # the dispatch and combine again, backward
-            if p.name.endswith("linear_qkv.weight"):
+            if p.name.endswith(ATTENTION_INPUTS):
                 sec += 2.0 * attn_layer / bw.flops_per_s + bwd_qkv  # attention core; qkv input grad
             elif p.name.endswith("linear_fc1.weight"):
                 sec += bwd_fc1  # fc1 input grad
@@ -205,12 +216,12 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
 
 
 def _forward_units(by_layer, params, forward_s: float, tp: int, tokens: int, attn_layer: float,
-                   fwd_flops: float, tp_s: tuple[float, float, float], moe_flops: float = 0.0,
+                   fwd_flops: float, tp_s: tuple[float, tuple[float, float], float], moe_flops: float = 0.0,
                    moe_comm: float = 0.0) -> tuple[tuple[tuple[int, ...], float, float], ...]:
     """The forward split in registration order: the embedding, each layer, the head; each unit's
     share of ``forward_s`` is its share of the forward flops (the fixed and per-layer overheads
     spread the same way), an MoE layer's plus its token traffic (``moe_comm``, blocking); ``tp_s``:
-    the TP all-reduce seconds of the embedding, a layer, the head."""
+    the TP collectives' seconds of the embedding, a (dense, MoE) layer, the head."""
     def flops(i: int) -> float:
         p = params[i]
         if _moe_param(p):
@@ -228,7 +239,7 @@ def _forward_units(by_layer, params, forward_s: float, tp: int, tokens: int, att
     groups += [(tuple(by_layer[k]), sum(flops(i) for i in by_layer[k]) + attn_layer + moe(k)) for k in layers]
     groups.append((head, max(0.0, fwd_flops - sum(f for _, f in groups))))
     total = sum(f for _, f in groups) or 1.0
-    emb_tp, layer_tp, head_tp = tp_s
-    tps = [emb_tp] + [layer_tp] * len(layers) + [head_tp]
+    emb_tp, (dense_tp, moe_tp), head_tp = tp_s
+    tps = [emb_tp] + [moe_tp if moe(k) else dense_tp for k in layers] + [head_tp]
     comm = [0.0] + [moe_comm if moe(k) else 0.0 for k in layers] + [0.0]
     return tuple((items, forward_s * f / total + c, t) for (items, f), t, c in zip(groups, tps, comm))

@@ -120,8 +120,8 @@ def test_bad_arguments_are_one_line_errors() -> None:
         parse_args(["out=x.yaml", "quick=maybe"])
     with pytest.raises(ConfigError, match="device='tpu'; allowed: auto, cpu, cuda"):
         parse_args(["out=x.yaml", "device=tpu"])
-    with pytest.raises(ConfigError, match="spec='b200'"):
-        parse_args(["out=x.yaml", "spec=b200"])
+    with pytest.raises(ConfigError, match="spec='mi300x'"):
+        parse_args(["out=x.yaml", "spec=mi300x"])
     with pytest.raises(ConfigError, match="width_divs"):
         parse_args(["out=x.yaml", "width_divs=8,x"])
     proc = subprocess.run([sys.executable, "-m", "canzona.calibrate", "quick=true"], cwd=REPO,

@@ -28,6 +28,7 @@ params in a buffer of their own; `test_authors_fork_lays_matrices_apart` pins th
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -160,27 +161,62 @@ def _assert_same_buffer(layout: BufferLayout, buf: pgb._ParamAndGradBuffer, meta
 
 
 # ---------------------------------------------------------------- registration order
-def _tiny_gpt_names(tied: bool) -> list[str]:
+def _tiny_gpt_names(tied: bool, *, gated: bool = True, norm: str = "RMSNorm", qk_norm: bool = True,
+                    position: str = "rope", moe: dict | None = None) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of a tiny GPTModel's trainable params, Megatron's local spec; an MoE layer's
+    experts (``SequentialMLP``: ``experts.local_experts.<e>.linear_fc1.weight``) renamed as the
+    grouped-GEMM experts the inventory names (``experts.linear_fc1.weight<e>``) and ordered so
+    (every expert's fc1, then every fc2)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.transformer import TransformerConfig
 
+    moe_kw = {} if moe is None else dict(num_moe_experts=moe["experts"], moe_router_topk=2,
+                                         moe_ffn_hidden_size=16, moe_shared_expert_intermediate_size=moe["shared"])
     cfg = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, kv_channels=8,
-                            ffn_hidden_size=64, gated_linear_unit=True, normalization="RMSNorm", qk_layernorm=True,
-                            add_bias_linear=False, use_cpu_initialization=True, perform_initialization=False)
-    groups = ProcessGroupCollection(**{k: _Group(1) for k in ("tp", "cp", "pp", "embd", "pos_embd", "dp", "dp_cp")})
+                            ffn_hidden_size=64, gated_linear_unit=gated, normalization=norm, qk_layernorm=qk_norm,
+                            add_bias_linear=False, use_cpu_initialization=True, perform_initialization=False, **moe_kw)
+    names = ("tp", "cp", "pp", "embd", "pos_embd", "dp", "dp_cp", "ep", "expt_tp", "expt_dp", "tp_ep", "tp_cp", "tp_dp_cp")
+    groups = ProcessGroupCollection(**{k: _Group(1) for k in names})
+    spec = get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization=norm,
+                                    num_experts=None if moe is None else moe["experts"], moe_grouped_gemm=False)
     with torch.device("meta"):
-        model = GPTModel(cfg, get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"), vocab_size=128,
-                         max_sequence_length=16, share_embeddings_and_output_weights=tied,
-                         position_embedding_type="rope", pg_collection=groups)
-    return [n for n, p in model.named_parameters() if p.requires_grad]
+        model = GPTModel(cfg, spec, vocab_size=128, max_sequence_length=16, share_embeddings_and_output_weights=tied,
+                         position_embedding_type=position, pg_collection=groups)
+    out = [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad]
+    expert = re.compile(r"^(.*\.experts)\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
+    renamed = [(expert.sub(r"\1.\3.weight\2", n), shape, bool(expert.match(n))) for n, shape in out]
+    result, pending = [], []
+    for name, shape, is_expert in renamed:  # each layer's experts: fc1 of every expert, then fc2
+        if is_expert:
+            pending.append((name, shape))
+            continue
+        result += sorted(pending, key=lambda e: ".linear_fc2." in e[0])
+        pending = []
+        result.append((name, shape))
+    return result + sorted(pending, key=lambda e: ".linear_fc2." in e[0])
 
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_registration_order_is_megatrons(tied: bool) -> None:
     cfg = ModelConfig("tiny", 32, 32, 2, 4, 2, 8, 128, tied)
-    assert [p.name for p in build_inventory(cfg)] == _tiny_gpt_names(tied)
+    assert [p.name for p in build_inventory(cfg)] == [n for n, _ in _tiny_gpt_names(tied)]
+
+
+@pytest.mark.parametrize("arch", ["gelu-layernorm-learned", "moe-shared-expert"])
+def test_other_architectures_are_laid_out_as_megatron(arch: str) -> None:
+    """A spec beyond Qwen3's architecture (`canzona.model_spec`) has Megatron's names, shapes and
+    order: GeLU's single fc1, LayerNorm's biases, a learned position embedding; an MoE layer's
+    router, experts, then its shared expert."""
+    if arch == "gelu-layernorm-learned":
+        cfg = ModelConfig("tiny", 32, 64, 2, 4, 2, 8, 128, True, gated_mlp=False, norm="layernorm", qk_norm=False,
+                          position="learned", max_positions=16)
+        want = _tiny_gpt_names(True, gated=False, norm="LayerNorm", qk_norm=False, position="learned_absolute")
+    else:
+        cfg = ModelConfig("tiny", 32, 16, 2, 4, 2, 8, 128, False, num_experts=2, top_k=2, shared_expert_ffn=24)
+        want = _tiny_gpt_names(False, moe={"experts": 2, "shared": 24})
+    assert [(p.name, p.shape) for p in build_inventory(cfg)] == want
 
 
 # ---------------------------------------------------------------- the buffer
