@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -253,6 +254,30 @@ def ladder_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+@functools.cache
+def published_band() -> dict[str, Any] | None:
+    """The projection's error bar from the published GPU runs (`canzona.sim.published`): the band
+    in one line, per hardware file, and the band of projected ratios; None if it cannot be made
+    (the report still renders)."""
+    try:
+        from canzona.sim.published import band, band_line, project_points
+
+        results = project_points()
+    except Exception:  # noqa: BLE001 - the band is context; never fail the report over it
+        return None
+    b = band(results)
+    return {"line": band_line(b), "band": b, "n_points": len(results)}
+
+
+def ratio_band(value: float, published: dict[str, Any] | None) -> tuple[float, float] | None:
+    """Where a measured ratio would lie if a projected ratio ``value`` were off as the published
+    pairs' projected ratios are (projected ÷ measured in [min, max]): ``value / max .. value / min``."""
+    r = (published or {}).get("band", {}).get("ratios", {})
+    if not r.get("points") or value is None or math.isnan(value):
+        return None
+    return value / r["max"], value / r["min"]
+
+
 def _paper_claims() -> dict[str, Any] | None:
     try:
         from canzona.sim.claims import PAPER_CLAIMS
@@ -328,6 +353,10 @@ def projected_section(sweep: Sweep) -> dict[str, Any]:
     fits = dry_run_fits(sweep.path, {t.trial_id: (t.config.get("dist") or {}).get("dry_run_memory_gb")
                                      for t in sweep.trials})
     view = claims_view(rows, claims, fits)
+    published = published_band()
+    for line in (view or {}).get("lines", []):
+        for x in line["top"]:
+            x["band"] = ratio_band(x["value"], published)
     flat = []
     for r in rows:
         for b, cells in r["cells"].items():
@@ -357,6 +386,8 @@ def projected_section(sweep: Sweep) -> dict[str, Any]:
         "n_trials": len(sweep.trials),
         "shaping": _shaping(df),
         "sync_note": SYNC_NOTE,
+        "published": published,
+        "hardware_names": sorted({h["describe"].get("name") for h in _hardware(sweep.trials)} - {None}),
     }
 
 

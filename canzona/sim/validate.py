@@ -4,7 +4,9 @@
 - `compare_sweep(sweep_dir, hardware)`: every finished trial under a folder, plus the median
   absolute % error and the worst case per method and overall.
 - CLI: ``python -m canzona.sim.validate DIR [hardware=hardware/local.yaml] [--json]`` (unknown
-  keys or flags: one line, exit 2).
+  keys or flags: one line, exit 2); ``python -m canzona.sim.validate published [--json]``: every
+  published GPU measurement of ``validation/published_points.yaml`` projected beside its
+  measured value (`canzona.sim.published`).
 
 Measured values are the trial's own aggregates: per measured step the max over ranks, then the
 median over steps (``summary.json``'s ``*_median``; phases from ``steps.jsonl`` the same way).
@@ -216,7 +218,9 @@ class ValidateArgs:
 
 # The command's keys that were renamed: refused with one line naming the new one.
 RENAMED = {"profile": Renamed("hardware", "the hardware file: a name under hardware/ or a YAML path")}
-USAGE = "python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [hardware=hardware/local.yaml] [--json]"
+USAGE = ("python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [hardware=hardware/local.yaml] [--json] | "
+         "python -m canzona.sim.validate published [--json]")
+PUBLISHED = "published"  # the positional that projects the published points instead of a folder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         parts = split_argv(argv, flags=("--json",), positionals=1, usage=USAGE)
         if not parts.positionals:
             raise ConfigError(f"missing TRIAL_OR_SWEEP_DIR; usage: {USAGE}")
+        if parts.positionals[0] == PUBLISHED:
+            if parts.overrides:
+                raise ConfigError(f"{PUBLISHED} projects each point on its own hardware file "
+                                  f"(validation/published_points.yaml): no key=value is allowed with it")
+            return _published(json_out="--json" in parts.flags)
         args = build(ValidateArgs, parts.overrides, what="validate", renamed=RENAMED)
         target = Path(parts.positionals[0])
         if not target.is_dir():
@@ -258,6 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  left out (recorded plan differs from today's planner): {', '.join(res['excluded'])}")
     for e in res["errors"]:
         print(f"  could not simulate {e['trial']}: {e['error']}")
+    return 0
+
+
+def _published(json_out: bool) -> int:
+    from canzona.sim.published import band, print_table, project_points
+
+    results = project_points()
+    if json_out:
+        print(json.dumps({"points": [r.as_dict() for r in results], "band": band(results)}, indent=2))
+    else:
+        print_table(results)
     return 0
 
 

@@ -114,6 +114,23 @@ def test_simulate_sweep_projects_records_and_reports(tmp_path: Path) -> None:
         cell = [e for e in page.having("data-layout") if e["data-layout"] == "dp 32 × tp 8"
                 and e in _inside(page, rows[("sync", m)])]
         assert len(cell) == 1 and float(cell[0]["data-value"]) == pytest.approx(sync[m] / can[m], rel=1e-12)
+    # the error bar: the published GPU runs' band, this report's hardware file's part of it, and
+    # each claim's projected ratio widened by the published pairs' ratio error
+    from canzona.sim.published import band, project_points
+
+    b = band(project_points())
+    assert f"{b['points']} published runs" in page.ids["published-band"]["text"]
+    h100 = page.having("data-band-hardware")[0]
+    assert h100["data-band-hardware"] == "h100"
+    assert float(h100["data-band-min"]) == pytest.approx(b["by_hardware"]["h100"]["min"])
+    assert float(h100["data-band-max"]) == pytest.approx(b["by_hardware"]["h100"]["max"])
+    for cell in page.having("data-band-low"):
+        assert float(cell["data-band-low"]) <= float(cell["data-band-high"])
+    cells = [e for e in page.having("data-layout") if e["data-layout"] == "dp 32 × tp 8"]
+    bands = page.having("data-band-low")
+    assert len(bands) == len(page.having("data-layout")) and b["ratios"]["points"] >= 3
+    value, low = float(cells[0]["data-value"]), float(bands[page.having("data-layout").index(cells[0])]["data-band-low"])
+    assert low == pytest.approx(value / b["ratios"]["max"])
     # every projected ratio in the per-point table is baseline / canzona from the records
     for b in ("sync", "layerwise"):
         for m in ("iteration_ms", "optimizer_step_ms"):
