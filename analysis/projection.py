@@ -441,6 +441,7 @@ def predicted_section(sweep: Sweep, measured_ids: set[str], hardware: Any) -> di
                 why = "not measured" if meas is None else f"measured {meas:.3g} ms < {MIN_MEASURED_MS} ms"
                 left_out.append({"trial": r["trial"], "reason": f"{m}: no error figure ({why})"})
     out.update(result=res, hardware=res["hardware"], by_method=res["by_method"], overall=res["overall"],
+               per_trial=res["per_trial"],
                rows=sorted(rows, key=lambda r: (r["method"], r["trial"])), left_out=left_out,
                min_measured_ms=MIN_MEASURED_MS)
     return out

@@ -52,6 +52,22 @@ def quick_calibration(tmp_path_factory: pytest.TempPathFactory, calibration_cach
 
 
 @pytest.fixture(scope="session")
+def machine_calibration(quick_calibration: Calibration) -> Path:
+    """The session's quick calibration placed where `canzona.calibrate.machine` keeps this
+    machine's hardware file (in the session's cache folder), so that a measured local sweep's
+    report reuses it instead of taking the full minute-long calibration in every test."""
+    import shutil
+
+    from canzona.calibrate.machine import machine_hardware_path
+
+    assert quick_calibration.proc.returncode == 0, quick_calibration.proc.stderr[-2000:]
+    path = machine_hardware_path(1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(quick_calibration.path, path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def records_gen():
     """`tests/fixtures/records_gen.py` as a module (synthetic trial records for the analysis and
     report tests), loaded once: `tests/fixtures` is not a package."""

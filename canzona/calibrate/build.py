@@ -47,6 +47,11 @@ def match_spec(opts: Options, device_name: str) -> str | None:
     return next((key for key in SPECS if key in device_name.lower()), None)
 
 
+# What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
+# times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
+CALIBRATION_FORMAT = 2
+
+
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
     """Measure this machine and return its hardware description (a dict; `write_hardware` writes it)."""
     import torch
@@ -118,11 +123,14 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
         "batched": upd["batched"],
         "update_overhead_s": upd["update_overhead_s"],
         **{k: basics[k] for k in ("adamw_seconds_per_element", "adamw_tensor_overhead_s", "apply_seconds_per_element",
-                                  "apply_call_overhead_s", "copy_seconds_per_byte", "copy_call_overhead_s")},
+                                  "apply_call_overhead_s", "copy_seconds_per_byte", "copy_call_overhead_s",
+                                  "norm_seconds_per_byte", "norm_call_overhead_s", "scale_seconds_per_byte",
+                                  "scale_call_overhead_s") if k in basics},
         "model": model,
         "collectives": collectives,
         "notes": notes,
         "calibration": {
+            "format": CALIBRATION_FORMAT,
             "quick": opts.quick, "budget_s": opts.budget_s, "width_divs": list(opts.width_divs), "device": kind,
             "compute_processes": world or 1, "spec": spec, "collectives_source": collectives_source,
             "shapes_skipped": upd["skipped"], "shapes_retimed": upd.get("retimed", 0),
@@ -130,6 +138,10 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
             "seconds": None,
         },
     }
+    if kind == "cpu":  # this machine's speed at calibration time (`canzona.calibrate.probe`)
+        from canzona.calibrate.probe import speed_probe
+
+        hardware["calibration"]["speed_probe_flops_per_s"] = speed_probe()
     hardware["calibration"]["seconds"] = round(time.perf_counter() - started, 1)
     return hardware
 

@@ -22,7 +22,7 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, float
     at CPU sizes its kernels would measure launch overhead, not rates."""
     import torch
 
-    from canzona.optim.adamw import AdamW
+    from canzona.optim.adamw import fused_adamw_step
     from canzona.optim.rule import apply_update
 
     dev = clock.device
@@ -42,24 +42,26 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, float
     t_tiny = clock.median(lambda: [torch.cat([v, v]) for v in tiny], 5, 0.5, sync)
     out["copy_seconds_per_byte"] = t / (2 * elems * 4)
     out["copy_call_overhead_s"] = max(0.0, t_tiny / 32 - 2 * 64 * 4 * out["copy_seconds_per_byte"])
-    rule = AdamW((0.9, 0.95), 1e-8)
-    # three sets of (param, grad, state) used in turn, so that each call starts with cold caches
-    sets = [(torch.randn(elems, device=dev), torch.randn(elems, device=dev),
-             rule.init_state((elems,), dev, torch.float32)) for _ in range(3)]
+    # gradient clipping's two passes over the fp32 gradient, as the executor runs them
+    # (`canzona.optim.clip`): the multi-tensor norm (a read) and the in-place scaling
+    out.update(_pass_rates("norm", lambda ts: torch._foreach_norm(ts), x, tiny, clock, sync))
+    out.update(_pass_rates("scale", lambda ts: torch._foreach_mul_(ts, 0.999), x, tiny, clock, sync))
+    # AdamW as the executor's elementwise step runs it (`canzona.optim.adamw.fused_adamw_step`:
+    # one fused kernel over a call's tensors); three sets of (param, grad, moments) used in turn,
+    # so that each call starts with cold caches
+    adam = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    sets = [[torch.randn(elems, device=dev) for _ in range(4)] for _ in range(3)]
     turn = [0]
 
     def adam_big() -> None:
-        p, g, st = sets[turn[0] % 3]
+        p, g, m, v = sets[turn[0] % 3]
         turn[0] += 1
-        (d,) = rule.directions([g], [st], 2)
-        apply_update(p, d, 1e-3, 0.01)
+        fused_adamw_step([p], [g], [m], [v.abs_()], 2, **adam)
 
-    ps = [torch.randn(64, device=dev) for _ in range(32)]
-    sts = [rule.init_state((64,), dev, torch.float32) for _ in ps]
+    tiny4 = [[torch.randn(64, device=dev).abs_() for _ in range(32)] for _ in range(4)]
 
-    def adam_tiny() -> None:
-        for q, d in zip(ps, rule.directions(ps, sts, 2)):
-            apply_update(q, d, 1e-3, 0.01)
+    def adam_tiny() -> None:  # one call over 32 tensors: the per-tensor cost inside a call
+        fused_adamw_step(*tiny4, 2, **adam)
 
     clock.time(adam_big)
     out["adamw_seconds_per_element"] = clock.median(adam_big, 5, 1.0, sync) / elems
@@ -68,9 +70,20 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, float
     p, u = sets[0][0], torch.randn(elems, device=dev)
     out["apply_seconds_per_element"] = clock.median(lambda: apply_update(p, u, 1e-3, 0.01), 5, 0.5, sync) / elems
     ut = torch.randn(64, device=dev)
-    t_ap = clock.median(lambda: [apply_update(q, ut, 1e-3, 0.01) for q in ps], 5, 0.5, sync)
+    t_ap = clock.median(lambda: [apply_update(q, ut, 1e-3, 0.01) for q in tiny4[0]], 5, 0.5, sync)
     out["apply_call_overhead_s"] = max(0.0, t_ap / 32 - 64 * out["apply_seconds_per_element"])
     return out
+
+
+def _pass_rates(name: str, run: Callable[[list], Any], big: Any, tiny: list, clock: Clock,
+                sync: Sync) -> dict[str, float]:
+    """``<name>_seconds_per_byte`` and ``<name>_call_overhead_s`` of one pass over fp32 tensors
+    (``run`` on a list of tensors): one large tensor, then 32 tiny ones."""
+    clock.time(lambda: run([big]))
+    per_byte = clock.median(lambda: run([big]), 5, 0.5, sync) / (big.numel() * 4)
+    t_tiny = clock.median(lambda: [run([v]) for v in tiny], 5, 0.5, sync)
+    return {f"{name}_seconds_per_byte": per_byte,
+            f"{name}_call_overhead_s": max(0.0, t_tiny / len(tiny) - tiny[0].numel() * 4 * per_byte)}
 
 
 def time_update_tables(optimizers: tuple[str, ...] | list[str], shapes: list[tuple[int, int]], budget_s: float,

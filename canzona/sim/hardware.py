@@ -26,6 +26,10 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
     apply_call_overhead_s: s
     copy_seconds_per_byte: s               # packing / unpacking collective buffers
     copy_call_overhead_s: s
+    norm_seconds_per_byte: s               # gradient clipping's norm pass (calibrated; else a copy)
+    norm_call_overhead_s: s
+    scale_seconds_per_byte: s              # gradient clipping's in-place scaling (likewise)
+    scale_call_overhead_s: s
     model:                                 # forward / backward of the Qwen3 model per rank
       dtype: float32 | bfloat16
       forward: {fixed_s, layer_s, flops_per_s}
@@ -205,6 +209,10 @@ class Hardware:
         self.apply_call_overhead_s = float(data.get("apply_call_overhead_s", self.call_overhead_s))
         self.copy_s_per_byte = float(data.get("copy_seconds_per_byte", 2.0 / self.memory_Bps))
         self.copy_call_overhead_s = float(data.get("copy_call_overhead_s", 0.0))
+        # gradient clipping's norm (a read) and in-place scaling: calibrated on a CPU; a file
+        # without them prices each as one copy pass (spec-derived GPU files)
+        self.pass_rates = {k: (float(data[f"{k}_seconds_per_byte"]), float(data.get(f"{k}_call_overhead_s", 0.0)))
+                           for k in ("norm", "scale") if f"{k}_seconds_per_byte" in data}
         model = data.get("model") or {}
         self.model_dtype = str(model.get("dtype", "float32"))
         fallback = PassTiming(0.0, 0.0, self.matmul_flops.get(self.model_dtype, self.matmul_flops["float32"]) * 0.5)
@@ -371,6 +379,15 @@ class Hardware:
 
     def copy(self, nbytes: float, calls: int = 1) -> float:
         return calls * self.copy_call_overhead_s + nbytes * self.copy_s_per_byte
+
+    def grad_pass(self, kind: str, nbytes: float, calls: int = 1) -> float:
+        """Seconds of gradient clipping's ``norm`` or ``scale`` pass over ``nbytes`` of fp32
+        gradient in ``calls`` ranges (a copy pass where the file has no rate for it)."""
+        rate = self.pass_rates.get(kind)
+        if rate is None:
+            return self.copy(nbytes, calls)
+        per_byte, per_call = rate
+        return calls * per_call + nbytes * per_byte
 
 
 def evidence(entry: Any) -> tuple[Any, str | None]:

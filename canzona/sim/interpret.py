@@ -389,8 +389,8 @@ class ProgramSim:
         ready = [0] * len(layout.buckets)
         chains = [[lo, hi] for lo, hi in space.chains]  # per chain: next bucket to launch, end
         with tl.phase(everyone, "backward"):
-            for sec, done in work.backward_units:
-                tl.host_all(everyone, sec)
+            for sec, done, comm in work.backward_units:
+                tl.host_all(everyone, sec, comm)
                 for i in done:
                     ready[bucket_of[i]] += 1
                 for chain in chains:
@@ -421,7 +421,7 @@ class ProgramSim:
         elif isinstance(a, Elementwise):
             key = ("adamw", a.ranges)
         elif isinstance(a, (GradNorm, ClipScale, CopyToModel)):
-            key = ("pass", a.ranges)
+            key = ("pass", type(a).__name__, a.ranges)
         else:
             raise TypeError(f"the simulator cannot run {type(a).__name__} after backward")
         seconds = self._host_s.get(key)
@@ -434,15 +434,11 @@ class ProgramSim:
             seconds = hw.apply(params[i].local_numel(space.split_over(i, self.tp)) for i in a.items)
         elif isinstance(a, Elementwise):
             seconds = hw.adamw(e - s for s, e in a.ranges)
-        else:  # one pass over fp32 gradients (norm, scaling) or fp32 main -> model parameters
+        elif isinstance(a, (GradNorm, ClipScale)):  # one pass over the fp32 gradient ranges
+            kind = "norm" if isinstance(a, GradNorm) else "scale"
+            seconds = hw.grad_pass(kind, 4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges))
+        else:  # fp32 main -> model parameters
             seconds = hw.copy(4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges))
         self._host_s[key] = seconds
         return seconds
 
-    # ------------------------------------------------------------------ results
-    def step_runnable(self) -> float:
-        """Mean number of ranks doing host work during the optimizer step (busy time / window)."""
-        m = self.tl.marks
-        window = max(x["step_end"] for x in m) - min(x["step_start"] for x in m)
-        busy = sum(x["step_end:busy"] - x["step_start:busy"] for x in m)
-        return busy / window if window > 0 else float(self.world)

@@ -53,8 +53,9 @@ ATTENTION_INPUTS = ("linear_qkv.weight", "linear_kv_up_proj.weight")
 @dataclass(frozen=True)
 class ModelWork:
     forward_s: float
-    # backward units in execution order: (seconds of host time, inventory indices ready after)
-    backward_units: tuple[tuple[float, tuple[int, ...]], ...]
+    # backward units in execution order: (seconds of host time, inventory indices ready after,
+    # the part of those seconds spent in blocking TP collectives)
+    backward_units: tuple[tuple[float, tuple[int, ...], float], ...]
     # forward units in execution order: (inventory indices first used, seconds of host time,
     # seconds of the unit's blocking TP all-reduces); their host seconds add up to forward_s
     forward_units: tuple[tuple[tuple[int, ...], float, float], ...]
@@ -157,14 +158,18 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
         bwd_tp = (ar_act, ar_act, 0.0, ar_act, 0.0, 0.0)
     bwd_head, bwd_qkv, bwd_proj, bwd_fc1, bwd_fc2, bwd_emb = bwd_tp
 
-    def hook(i: int) -> float:
-        """The gradient hook: the copy into the buffer, and a replicated param's partial gradient
-        (q/k norms; every norm with sequence parallelism) summed over TP first."""
+    def partial(i: int) -> float:
+        """A replicated param's partial gradient (q/k norms; every norm with sequence
+        parallelism) summed over TP in its hook."""
         n = params[i].local_numel(space.split_over(i, tp))
-        partial = hw.collective("all_reduce", n * BYTES, tp_ranks) if params[i].tp_grad_allreduce and tp > 1 else 0.0
-        return hw.copy(HOOK_COPY_FACTOR * BYTES * n) + partial
+        return hw.collective("all_reduce", n * BYTES, tp_ranks) if params[i].tp_grad_allreduce and tp > 1 else 0.0
 
-    units: list[tuple[float, tuple[int, ...]]] = []
+    def hook(i: int) -> float:
+        """The gradient hook: the copy into the buffer, then `partial`."""
+        n = params[i].local_numel(space.split_over(i, tp))
+        return hw.copy(HOOK_COPY_FACTOR * BYTES * n) + partial(i)
+
+    units: list[tuple[float, tuple[int, ...], float]] = []
     by_layer: dict[int | None, list[int]] = {}
     for i, p in enumerate(params):
         by_layer.setdefault(p.layer, []).append(i)
@@ -175,15 +180,17 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
     # train.recompute=full: each layer's forward (with its TP all-reduces) runs again in backward,
     # just before that layer's gradients
     recompute = [sec + tp_s for _, sec, tp_s in fwd_units[1:-1]] if cfg.train.recompute == "full" else [0.0] * L
+    recompute_tp = [tp_s for _, _, tp_s in fwd_units[1:-1]] if cfg.train.recompute == "full" else [0.0] * L
     top = [i for i in by_layer.get(None, []) if not params[i].name.startswith("embedding.")]
     emb = [i for i in by_layer.get(None, []) if params[i].name.startswith("embedding.")]
     # loss + output layer (dgrad and wgrad, then its input-grad all-reduce), final norm
     head_s = bw.fixed_s + 4.0 * tokens * head_elems / bw.flops_per_s + bwd_head
+    head_comm = bwd_head
     for i in sorted(top, reverse=True):
-        units.append((head_s + hook(i), (i,)))
-        head_s = 0.0
+        units.append((head_s + hook(i), (i,), head_comm + partial(i)))
+        head_s, head_comm = 0.0, 0.0
     if head_s:
-        units.append((head_s, ()))
+        units.append((head_s, (), head_comm))
     pos = forward_positions(params)
     for layer in range(L - 1, -1, -1):
         # reverse forward order (registration order but for linear_proj, registered before
@@ -195,23 +202,30 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
         for k, i in enumerate(members):
             p = params[i]
             sec = bw.layer_s / len(members) + hook(i) + (recompute[layer] if k == 0 else 0.0)
+            comm = partial(i) + (recompute_tp[layer] if k == 0 else 0.0)
             if is_matmul(i):
                 sec += 4.0 * tokens * p.local_numel(tp) / bw.flops_per_s
             elif i in moe_set:  # the layer's expert backward, by weight share
                 sec += 2.0 * moe_flops * p.numel / moe_numel / bw.flops_per_s
                 if i == moe_members[0]:
                     sec += moe_comm  # the dispatch and combine again, backward
+                    comm += moe_comm
+            tp_comm = 0.0  # the TP collective of the input gradient, if any
             if p.name.endswith(ATTENTION_INPUTS):
                 sec += 2.0 * attn_layer / bw.flops_per_s + bwd_qkv  # attention core; qkv input grad
+                tp_comm = bwd_qkv
             elif p.name.endswith("linear_fc1.weight"):
                 sec += bwd_fc1  # fc1 input grad
+                tp_comm = bwd_fc1
             elif p.name.endswith("linear_proj.weight"):
                 sec += bwd_proj
+                tp_comm = bwd_proj
             elif p.name.endswith("linear_fc2.weight"):
                 sec += bwd_fc2
-            units.append((sec, (i,)))
+                tp_comm = bwd_fc2
+            units.append((sec, (i,), comm + tp_comm))
     for i in emb:
-        units.append((hw.copy(BYTES * tokens * mcfg.hidden) + bwd_emb + hook(i), (i,)))
+        units.append((hw.copy(BYTES * tokens * mcfg.hidden) + bwd_emb + hook(i), (i,), bwd_emb + partial(i)))
     return ModelWork(forward_s, tuple(units), fwd_units, fwd_flops, tokens)
 
 

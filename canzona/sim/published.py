@@ -96,7 +96,7 @@ def project_points(path: str | Path = POINTS_FILE) -> list[PointResult]:
         except Exception as e:  # noqa: BLE001 - one point that cannot be projected must not hide the rest
             error = f"{type(e).__name__}: {e}"
         try:
-            fitted = p["id"] in (load_hardware(p["hardware"]).data.get("inputs", {}).get("fitted_on") or [])
+            fitted = p["id"] in (load_hardware(p["hardware"]).raw.get("inputs", {}).get("fitted_on") or [])
         except Exception:  # noqa: BLE001 - its error is the projection's, above
             fitted = False
         out.append(PointResult(p["id"], p["hardware"], p.get("follows", ""), p["measured"]["metric"],

@@ -15,8 +15,10 @@ collective is only created once every member has reached it. Rules:
   charged to each member's host as a debt, paid by the next host work, less whatever time the
   host spent idle waiting meanwhile.
 
-``scale`` multiplies every duration (oversubscribed CPU cores); the simulator may change it
-between segments of the iteration.
+``scale`` multiplies the durations of what keeps a CPU busy (oversubscribed CPU cores: host work
+and a collective's transfer); a collective's latency, and the communication inside a model
+unit's host time (``host_all``'s ``comm``), waits on peers without holding a core and is not
+stretched. The simulator may change ``scale`` between segments of the iteration.
 Phases are recorded as the executor's `StepTimer` records them: ``{"name", "cat", "start_ms",
 "dur_ms"}`` per block (`rank_events`; kept as tuples until read: a 256-rank projection records
 millions of blocks and reads a few ranks'), with the block's milliseconds accumulated per phase
@@ -76,10 +78,11 @@ class Timeline:
         self.busy[r] += dur
         self.debt[r] = 0.0
 
-    def host_all(self, ranks: Sequence[int], seconds: float) -> None:
-        """`host` on each of `ranks` (the same work on every rank, one call)."""
+    def host_all(self, ranks: Sequence[int], seconds: float, comm: float = 0.0) -> None:
+        """`host` on each of `ranks` (the same work on every rank, one call); ``comm``: the part
+        of ``seconds`` spent in blocking collectives, not stretched by ``scale``."""
         cpu, busy, debt = self.cpu, self.busy, self.debt
-        work = seconds * self.scale
+        work = seconds * self.scale if self.scale == 1.0 or not comm else (seconds - comm) * self.scale + comm
         for r in ranks:
             dur = work + debt[r]
             cpu[r] += dur
@@ -158,8 +161,9 @@ class Timeline:
         """One collective over `ranks`, issued by each member at its current host time (or at
         ``issued[k]`` for the k-th member); returns its handle. `transfer_s`: the part of
         `seconds` that keeps a CPU busy (default: all of it)."""
-        dur = seconds * self.scale
         busy = (seconds if transfer_s is None else transfer_s) * self.scale
+        # the latency waits on the peers and holds no core: only the transfer is stretched
+        dur = seconds * self.scale if self.scale == 1.0 or transfer_s is None else seconds - transfer_s + busy
         clocks = self.streams[stream]
         at = [self.cpu[r] for r in ranks] if issued is None else issued
         start = max(max(a, clocks[r]) for a, r in zip(at, ranks))

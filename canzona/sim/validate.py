@@ -28,6 +28,7 @@ out (``excluded``): its prediction is of a different plan.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -122,6 +123,14 @@ def compare(trial_dir: str | Path, hardware: Any) -> dict[str, Any]:
         adj = row[f"{m}_predicted"] * row["load_factor"] if row["load_factor"] else None
         row[f"{m}_adjusted"] = adj
         row[f"{m}_adjusted_error_pct"] = _error(adj, row[f"{m}_measured"])
+    # the machine's drift since the calibration (`canzona.calibrate.probe`): what of the error it explains
+    calib_probe = (hw.raw.get("calibration") or {}).get("speed_probe_flops_per_s")
+    trial_probe = summary.get("speed_probe_flops_per_s")
+    row["speed_factor"] = calib_probe / trial_probe if calib_probe and trial_probe else None
+    for m in HEADLINE:
+        adj = row[f"{m}_predicted"] * row["speed_factor"] if row["speed_factor"] else None
+        row[f"{m}_speed_adjusted"] = adj
+        row[f"{m}_speed_adjusted_error_pct"] = _error(adj, row[f"{m}_measured"])
     row["phases"] = {
         ph: {"predicted": pred["phases_ms"][ph], "measured": measured_phases.get(ph),
              "error_pct": _error(pred["phases_ms"][ph], measured_phases.get(ph))}
@@ -158,6 +167,67 @@ def trial_dirs(sweep_dir: str | Path) -> list[Path]:
     return out
 
 
+GOAL = {"median_abs_error_pct": 10.0, "worst_abs_error_pct": 25.0}  # per method, step and iteration, per trial
+RUN_SUFFIX = re.compile(r"-r\d+$")  # repetition k > 1 of a trial (`canzona.sweep.ids.run_id`)
+
+
+def per_trial(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per trial from its runs' rows (repetitions ``<id>-r<k>``): measured, the median
+    over its runs; predicted, the runs' (one config: the same prediction); ``runs``; and the
+    runs' spread of the measured optimizer step (max ÷ min), the noise no prediction can beat."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(RUN_SUFFIX.sub("", r["trial"]), []).append(r)
+    out = []
+    for trial, rs in groups.items():
+        row = {k: rs[0][k] for k in ("method", "optimizer", "model", "dp", "tp", "plan_matches")}
+        row.update(trial=trial, runs=len(rs))
+        for m in METRICS:
+            meas = [r[f"{m}_measured"] for r in rs if r.get(f"{m}_measured") is not None]
+            row[f"{m}_predicted"] = rs[0][f"{m}_predicted"]
+            row[f"{m}_measured"] = statistics.median(meas) if meas else None
+            row[f"{m}_error_pct"] = _error(row[f"{m}_predicted"], row[f"{m}_measured"])
+        factors = [r["speed_factor"] for r in rs if r.get("speed_factor")]
+        row["speed_factor"] = statistics.median(factors) if factors else None
+        for m in HEADLINE:  # each run's prediction scaled by its own probe, then the median
+            adj = [r[f"{m}_speed_adjusted"] for r in rs if r.get(f"{m}_speed_adjusted") is not None]
+            row[f"{m}_speed_adjusted"] = statistics.median(adj) if adj else None
+            row[f"{m}_speed_adjusted_error_pct"] = _error(row[f"{m}_speed_adjusted"], row[f"{m}_measured"])
+        steps = [r["optimizer_step_ms_measured"] for r in rs if r.get("optimizer_step_ms_measured")]
+        row["step_run_spread"] = max(steps) / min(steps) if steps else None
+        row["plan_matches"] = None if any(r.get("plan_matches") is None for r in rs) else all(
+            r["plan_matches"] for r in rs)
+        out.append(row)
+    return out
+
+
+def trial_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """`per_trial`'s rows summed up per method and per method × layout (median and worst
+    |error| of the optimizer step and the iteration), and whether every method meets `GOAL`."""
+    trials = [r for r in per_trial(rows) if r.get("plan_matches") is not False]
+
+    def stats(sub: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"trials": len(sub)}
+        for m in (*HEADLINE, *(f"{h}_speed_adjusted" for h in HEADLINE)):
+            errs = [abs(r[f"{m}_error_pct"]) for r in sub if r.get(f"{m}_error_pct") is not None]
+            if errs:
+                out[f"{m}_median_abs_error_pct"] = statistics.median(errs)
+                out[f"{m}_worst_abs_error_pct"] = max(errs)
+        return out
+
+    methods = sorted({r["method"] for r in trials})
+    layouts = sorted({(r["method"], r["dp"], r["tp"]) for r in trials})
+    by_method = [{"method": m, **stats([r for r in trials if r["method"] == m])} for m in methods]
+    met = bool(by_method) and all(
+        m.get(f"{h}_median_abs_error_pct", 1e9) <= GOAL["median_abs_error_pct"]
+        and m.get(f"{h}_worst_abs_error_pct", 1e9) <= GOAL["worst_abs_error_pct"] for m in by_method for h in HEADLINE)
+    return {"trials": trials, "by_method": by_method,
+            "by_layout": [{"method": m, "dp": dp, "tp": tp,
+                           **stats([r for r in trials if (r["method"], r["dp"], r["tp"]) == (m, dp, tp)])}
+                          for m, dp, tp in layouts],
+            "goal": GOAL, "goal_met": met}
+
+
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Median absolute % error and the worst case, per method and overall, for each headline metric."""
     def stats(sub: list[dict[str, Any]]) -> dict[str, Any]:
@@ -179,6 +249,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "by_method": [{"method": m, **stats([r for r in rows if r["method"] == m])} for m in methods],
         "overall": stats(rows),
         "excluded": excluded,
+        "per_trial": trial_summary(rows),
     }
 
 
@@ -263,11 +334,30 @@ def main(argv: list[str] | None = None) -> int:
               f"iteration {_fmt(m.get('iteration_ms_median_abs_error_pct'))}% (worst {_fmt(m.get('iteration_ms_worst_abs_error_pct'))}%); "
               f"load-adjusted step {_fmt(m.get('optimizer_step_ms_adjusted_median_abs_error_pct'))}% "
               f"(worst {_fmt(m.get('optimizer_step_ms_adjusted_worst_abs_error_pct'))}%)")
+    pt = res["per_trial"]
+    print(f"per trial (the median of its runs), goal median |err| <= {GOAL['median_abs_error_pct']:g}% and worst <= "
+          f"{GOAL['worst_abs_error_pct']:g}% per method, raw: {'met' if pt['goal_met'] else 'not met'}; "
+          f"speed-adjusted errors (prediction x calibration's speed probe / the trial's) in brackets")
+    for m in pt["by_layout"]:
+        print(f"  {m['method']:10s} dp {m['dp']} x tp {m['tp']} n={m['trials']}: {_errs(m)}")
+    for m in pt["by_method"]:
+        print(f"  {m['method']:10s} all layouts n={m['trials']}: {_errs(m)}")
     if res["excluded"]:
         print(f"  left out (recorded plan differs from today's planner): {', '.join(res['excluded'])}")
     for e in res["errors"]:
         print(f"  could not simulate {e['trial']}: {e['error']}")
     return 0
+
+
+def _errs(m: dict[str, Any]) -> str:
+    """Median and worst |error| of step and iteration, raw [speed-adjusted]."""
+    def one(metric: str) -> str:
+        raw = f"{_fmt(m.get(f'{metric}_median_abs_error_pct'))}% (worst {_fmt(m.get(f'{metric}_worst_abs_error_pct'))}%)"
+        adj = (f"{_fmt(m.get(f'{metric}_speed_adjusted_median_abs_error_pct'))}% (worst "
+               f"{_fmt(m.get(f'{metric}_speed_adjusted_worst_abs_error_pct'))}%)")
+        return f"{raw} [{adj}]"
+
+    return f"step median |err| {one('optimizer_step_ms')}, iteration {one('iteration_ms')}"
 
 
 def _published(json_out: bool) -> int:

@@ -179,7 +179,7 @@ def run_sweep(plan: ExpandedSweep, out: TextIO) -> int:
         return 1 if failed else 0
     print(summary_table(rd, runs), file=out)
     out.flush()
-    report_code = build_report(rd, out, hardware=None if sim_hw is not None else plan.sim_hardware)
+    report_code = build_report(rd, out, hardware=None if sim_hw is not None else _report_hardware(plan, runs, out))
     return max(1 if failed else 0, report_code)
 
 
@@ -251,6 +251,29 @@ def list_runs(
 
 
 # --------------------------------------------------------------------------- report
+def _report_hardware(plan: ExpandedSweep, runs: list[TrialRun], out: TextIO) -> str | None:
+    """The hardware file a measured sweep's report predicts its trials with: ``sim.hardware``, else
+    hardware/local.yaml, else -- trials run on this machine (cluster=local) with
+    ``sim.calibrate`` -- this machine's own calibration (`canzona.calibrate.machine`), made once."""
+    s = plan.settings
+    if plan.sim_hardware is not None or s.cluster != "local" or not s.sim.calibrate:
+        return plan.sim_hardware
+    from canzona.sim.hardware import local_file
+
+    if local_file() is not None:
+        return plan.sim_hardware
+    threads = {r.trial.cfg.dist.threads_per_rank for r in runs}
+    threads_per_rank = next(iter(threads)) if len(threads) == 1 and isinstance(next(iter(threads)), int) else 1
+    try:
+        from canzona.calibrate.machine import machine_hardware
+
+        return str(machine_hardware(threads_per_rank, log=lambda line: print(line, file=out, flush=True)))
+    except Exception as e:  # noqa: BLE001 - a failed calibration must not lose the report
+        print(f"[sweep] calibrating this machine failed ({type(e).__name__}: {e}); the report's predicted-vs-"
+              f"measured section says how to make a hardware file", file=out)
+        return None
+
+
 def build_report(sweep_dir: Path, out: TextIO, hardware: str | None = None) -> int:
     """Build the sweep's report with `analysis.report.build_report`; its path is the last
     line printed. `hardware`: the hardware file of its predicted-vs-measured section (None: the

@@ -64,6 +64,9 @@ class SimSettings:
                                          "cluster=simulate projects with (default h100) and that the report of a "
                                          "measured sweep predicts with (default hardware/local.yaml if present)")
     workers: int = setting(0, "processes projecting trials at once; 0: one per core")
+    calibrate: bool = setting(True, "cluster=local with no sim.hardware and no hardware/local.yaml: calibrate this "
+                                    "machine once (about a minute; reused after, per host, CPU and torch) so the "
+                                    "report predicts the measured trials (canzona.calibrate.machine)")
 
 
 @dataclass

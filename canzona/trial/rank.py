@@ -25,6 +25,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
     import torch.distributed as dist
 
     from canzona import dist_rules
+    from canzona.calibrate.probe import speed_probe
     from canzona.executor.runtime import Runtime
     from canzona.model.parallel import destroy_parallel, init_parallel
     from canzona.model.qwen3 import build_model, full_state_dict
@@ -64,6 +65,8 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
         all_rows = sorted((r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"]))
         owners = Counter(n for g in gathered for n in g["computed"])  # ranks computing each full update
         summary = summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, owners)
+        if ctx.device.type == "cpu":  # the machine's speed now, against the calibration's (validate)
+            summary["speed_probe_flops_per_s"] = speed_probe()
         summary["program_check"] = check = program_check(programs, all_rows)
         write_records(out, cfg.to_dict(), all_rows, summary, trace=chrome_trace(all_rows))
         if not check["ok"]:  # the timings are not those of the method's program: fail the trial

@@ -48,3 +48,4 @@ def test_gpt_moe_spec_with_dense_layer_and_shared_expert_trains_as_single_proces
     assert global_rel(init, got["single"]) > 100 * max(err, 1e-12), "training did not move the parameters enough"
     s = summaries["dp2tp2ep2"]
     assert s["program_check"]["ok"] and s["matrix_owner_counts"] == {"min": 1, "max": 1}
+    assert s["speed_probe_flops_per_s"] > 1e8  # the machine's speed then, for validation (canzona.calibrate.probe)

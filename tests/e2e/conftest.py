@@ -32,6 +32,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [it for it in items if not it.get_closest_marker("slurm_down")] + last
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _machine_calibration(machine_calibration: Path) -> Path:
+    """Every measured local sweep of these tests predicts its trials with the session's quick
+    calibration (`machine_calibration`), reused as this machine's."""
+    return machine_calibration
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[Cluster]:
     """A reachable Slurm controller. Brings the dev cluster up if `sinfo` fails; tears it down

@@ -228,6 +228,12 @@ def test_repeats_run_interleaved_and_resume_per_repetition(tmp_path):
     # the provenance box shows what the sweep wrote of itself (sweep.json), not a file it never writes
     box = html[html.index('id="sweep-config"'):]
     assert "cluster: local" in box[:box.index("</pre>")] and "runs: 4" in box[:box.index("</pre>")]
+    # no hardware given: the report predicts the measured trials with this machine's calibration
+    # (the session's, placed where canzona.calibrate.machine keeps it), reused, not taken anew
+    from canzona.calibrate.machine import machine_hardware_path
+
+    assert "[calibrate] reused this machine's calibration" in r.stdout
+    assert 'id="predicted-errors"' in html and str(machine_hardware_path(1)) in html
 
     # resumed with repeats raised (one invocation, to start one worker): of the recorded runs only
     # the failed repetition runs again, the others are skipped; the new repetitions run once each

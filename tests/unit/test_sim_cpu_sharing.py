@@ -1,0 +1,53 @@
+"""How the simulator prices a CPU shared by more ranks than cores, and gradient clipping, and
+where this machine's calibration is kept (docs/results.md § Predicted against measured)."""
+
+from __future__ import annotations
+
+import yaml
+
+from canzona.sim.hardware import load_hardware
+from canzona.sim.timeline import Timeline
+
+
+def test_oversubscription_stretches_host_work_and_transfers_not_latencies() -> None:
+    tl = Timeline(2, overlap=1.0, scale=2.0)
+    tl.host_all([0, 1], 1.0)
+    assert tl.cpu == [2.0, 2.0]
+    h = tl.collective([0, 1], "tp", 1.0, "x", transfer_s=0.25)  # 0.75 s of latency, 0.25 s of copies
+    assert h.end - h.start == 0.75 + 0.5
+    tl.host_all([0, 1], 1.0, comm=0.5)  # half of it blocking collectives: those are not stretched
+    assert tl.cpu == [3.5, 3.5]
+
+
+def test_without_oversubscription_durations_are_exact() -> None:
+    tl = Timeline(1, scale=1.0)
+    tl.host_all([0], 0.1, comm=0.07)
+    h = tl.collective([0], "tp", 0.3, "x", transfer_s=0.1)
+    assert tl.cpu == [0.1] and h.end == 0.1 + 0.3  # no (s - t) + t rounding on GPU projections
+
+
+def test_clipping_passes_use_their_calibrated_rates_else_a_copy(tmp_path) -> None:
+    h100 = load_hardware("h100")  # spec-derived: no rates of its own, a copy pass each
+    assert h100.grad_pass("norm", 4e6, 3) == h100.copy(4e6, 3) == h100.grad_pass("scale", 4e6, 3)
+    data = yaml.safe_load(h100.path and open(h100.path).read())
+    data.update(norm_seconds_per_byte=1e-11, norm_call_overhead_s=2e-6, scale_seconds_per_byte=3e-11)
+    hw = load_hardware(data)
+    assert hw.grad_pass("norm", 1e6, 2) == 2 * 2e-6 + 1e6 * 1e-11
+    assert hw.grad_pass("scale", 1e6, 1) == 1e6 * 3e-11
+
+
+def test_this_machines_calibration_is_reused_only_in_its_format(tmp_path, monkeypatch) -> None:
+    from canzona.calibrate import machine
+    from canzona.calibrate.build import CALIBRATION_FORMAT
+    from canzona.calibrate.cache import ENV
+
+    monkeypatch.setenv(ENV, str(tmp_path))
+    path = machine.machine_hardware_path(1)
+    assert path.parent == tmp_path / "hardware" and path.name.endswith(".yaml")
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump({"calibration": {"format": CALIBRATION_FORMAT - 1}}))
+    assert not machine._usable(path)  # measured less, or differently: taken anew
+    path.write_text(yaml.safe_dump({"calibration": {"format": CALIBRATION_FORMAT}}))
+    lines: list[str] = []
+    assert machine.machine_hardware(1, log=lines.append) == path
+    assert lines == [f"[calibrate] reused this machine's calibration: {path}"]
