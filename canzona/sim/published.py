@@ -13,6 +13,7 @@ No hardware file is fitted on these points (a file that is names them under ``fi
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +86,13 @@ def _project_one(point: dict[str, Any]) -> float:
 
 def project_points(path: str | Path = POINTS_FILE) -> list[PointResult]:
     """Every point projected beside its measurement (a failed projection: ``projected`` None and
-    its ``error``)."""
+    its ``error``); made once per process for a file of the same content (about 5 s)."""
+    p = Path(path)
+    return list(_project_points(str(p.resolve()), p.read_bytes() if p.is_file() else b""))
+
+
+@functools.lru_cache(maxsize=4)
+def _project_points(path: str, content: bytes) -> tuple[PointResult, ...]:
     from canzona.sim.hardware import load_hardware
 
     out = []
@@ -103,7 +110,7 @@ def project_points(path: str | Path = POINTS_FILE) -> list[PointResult]:
                                float(p["measured"]["value"]), projected, tuple(p.get("not_modelled") or ()),
                                str(p.get("confidence", "")), p["source"], error, fitted,
                                bool(p.get("dominated_by_unmodelled")), p.get("baseline")))
-    return out
+    return tuple(out)
 
 
 def pairs(results: list[PointResult]) -> list[dict[str, Any]]:

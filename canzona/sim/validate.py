@@ -91,9 +91,10 @@ def _same_plan(recorded: dict[str, Any], planned: dict[str, Any]) -> bool | None
     return mem is None or abs(mem - planned["imbalance"]["memory"]) <= 1e-6 * max(1.0, abs(mem))
 
 
-def compare(trial_dir: str | Path, hardware: Any) -> dict[str, Any]:
+def compare(trial_dir: str | Path, hardware: Any, projections: dict[str, Any] | None = None) -> dict[str, Any]:
     """Predicted vs measured for one recorded trial (records of any age); a flat row (plus
-    ``phases``)."""
+    ``phases``). ``projections``: predictions already made, by config (the repetitions of a
+    trial share one: a projection is deterministic)."""
     trial_dir = Path(trial_dir)
     hw = load_hardware(hardware)
     raw = read_config(yaml.safe_load((trial_dir / CONFIG_FILE).read_text()))
@@ -101,7 +102,12 @@ def compare(trial_dir: str | Path, hardware: Any) -> dict[str, Any]:
     cfg = load_config(base=raw)
     summary = read_summary(json.loads((trial_dir / SUMMARY_FILE).read_text()))
     steps = read_jsonl(trial_dir / STEPS_FILE) if (trial_dir / STEPS_FILE).exists() else []
-    pred = project(cfg, hw, events="none")
+    key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    pred = (projections or {}).get(key)
+    if pred is None:
+        pred = project(cfg, hw, events="none")
+        if projections is not None:
+            projections[key] = pred
     rec = summary.get("plan") or {}
     row: dict[str, Any] = {
         "trial": trial_dir.name, "method": cfg.method.label, "optimizer": cfg.optimizer.name,
@@ -259,9 +265,10 @@ def compare_sweep(sweep_dir: str | Path, hardware: Any) -> dict[str, Any]:
     listed under errors, not raised)."""
     hw: Hardware = load_hardware(hardware)
     rows, errors = [], []
+    projections: dict[str, Any] = {}
     for d in trial_dirs(sweep_dir):
         try:
-            rows.append(compare(d, hw))
+            rows.append(compare(d, hw, projections))
         except Exception as e:  # noqa: BLE001 - one bad record must not hide the rest
             errors.append({"trial": d.name, "error": f"{type(e).__name__}: {e}"})
     return {"hardware": hw.describe(), "trials": rows, **summarise(rows), "errors": errors}

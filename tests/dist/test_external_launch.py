@@ -60,11 +60,12 @@ def _torchrun(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def test_torchrun_into_a_new_out_folder(tmp_path: Path) -> None:
-    """Three torchrun launches of a one-step trial, each into a nested path that does not exist
-    yet: each runs (before, one launch in about 10 to 40 had a rank refuse ``out`` with "File
-    exists" or "No such file or directory"; the race itself is caught every time by
+    """A torchrun launch of a one-step trial into a nested path that does not exist yet runs
+    (before, one launch in about 10 to 40 had a rank refuse ``out`` with "File exists" or "No such
+    file or directory"; a few launches cannot catch that, so one shows the path works end to end
+    and the race itself is caught every time by
     tests/unit/test_cli_paths.py::test_writable_folder_from_several_processes_at_once)."""
-    for i in range(3):
+    for i in range(1):
         out = tmp_path / f"launch{i}" / "NEW" / "PATH"
         r = _torchrun(*TINY, f"out={out}")
         assert r.returncode == 0 and "error:" not in r.stderr, r.stderr[-3000:]
