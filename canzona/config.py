@@ -403,7 +403,7 @@ def check_runnable(cfg: TrialConfig) -> None:
     if mcfg.position == "learned" and cfg.train.seq_len > mcfg.max_positions:
         raise ConfigError(f"train.seq_len={cfg.train.seq_len} exceeds the {mcfg.max_positions} learned positions "
                           f"of model={cfg.model.name}; give train.seq_len<={mcfg.max_positions}")
-    if cfg.model_cfg().moe and cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
+    if mcfg.moe and cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
         raise ConfigError(f"parallel.sequence_parallel=false with parallel.tp={cfg.parallel.tp}: the MoE model "
                           f"{cfg.model.name} runs at TP > 1 with parallel.sequence_parallel=true only, as Megatron's "
                           f"MoE does")

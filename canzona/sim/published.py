@@ -69,11 +69,9 @@ def load_points(path: str | Path = POINTS_FILE) -> list[dict[str, Any]]:
     return points
 
 
-def _project_one(point: dict[str, Any]) -> float:
+def _project_one(point: dict[str, Any], hw: Any) -> float:
     from canzona.config import load_config
-    from canzona.sim.hardware import load_hardware
 
-    hw = load_hardware(point["hardware"])
     if point["kind"] == "newton_schulz":
         cfg = load_config(point["config"])
         m, n = point["shape"]
@@ -97,15 +95,13 @@ def _project_points(path: str, content: bytes) -> tuple[PointResult, ...]:
 
     out = []
     for p in load_points(path):
-        projected, error = None, None
+        projected, error, fitted = None, None, False
         try:
-            projected = _project_one(p)
+            hw = load_hardware(p["hardware"])
+            fitted = p["id"] in (hw.raw.get("inputs", {}).get("fitted_on") or [])
+            projected = _project_one(p, hw)
         except Exception as e:  # noqa: BLE001 - one point that cannot be projected must not hide the rest
             error = f"{type(e).__name__}: {e}"
-        try:
-            fitted = p["id"] in (load_hardware(p["hardware"]).raw.get("inputs", {}).get("fitted_on") or [])
-        except Exception:  # noqa: BLE001 - its error is the projection's, above
-            fitted = False
         out.append(PointResult(p["id"], p["hardware"], p.get("follows", ""), p["measured"]["metric"],
                                float(p["measured"]["value"]), projected, tuple(p.get("not_modelled") or ()),
                                str(p.get("confidence", "")), p["source"], error, fitted,

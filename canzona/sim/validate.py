@@ -28,7 +28,6 @@ out (``excluded``): its prediction is of a different plan.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -109,8 +108,10 @@ def compare(trial_dir: str | Path, hardware: Any, projections: dict[str, Any] | 
         if projections is not None:
             projections[key] = pred
     rec = summary.get("plan") or {}
+    status = json.loads((trial_dir / STATUS_FILE).read_text()) if (trial_dir / STATUS_FILE).exists() else {}
     row: dict[str, Any] = {
-        "trial": trial_dir.name, "method": cfg.method.label, "optimizer": cfg.optimizer.name,
+        # the trial a run repeats (status.json's trial_id; a folder without one is its own trial)
+        "trial": trial_dir.name, "trial_id": status.get("trial_id") or trial_dir.name, "method": cfg.method.label, "optimizer": cfg.optimizer.name,
         "model": cfg.model_cfg().name, "dp": cfg.parallel.dp, "tp": cfg.parallel.tp,
         "dp_collective": cfg.dist.dp_collective, "hardware": hw.name,
         "plan_matches": _same_plan(rec, pred["plan"]),
@@ -174,16 +175,16 @@ def trial_dirs(sweep_dir: str | Path) -> list[Path]:
 
 
 GOAL = {"median_abs_error_pct": 10.0, "worst_abs_error_pct": 25.0}  # per method, step and iteration, per trial
-RUN_SUFFIX = re.compile(r"-r\d+$")  # repetition k > 1 of a trial (`canzona.sweep.ids.run_id`)
 
 
 def per_trial(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per trial from its runs' rows (repetitions ``<id>-r<k>``): measured, the median
+    """One row per trial from its runs' rows (``trial_id``: the repetitions of one trial share
+    it, `compare`): measured, the median
     over its runs; predicted, the runs' (one config: the same prediction); ``runs``; and the
     runs' spread of the measured optimizer step (max ÷ min), the noise no prediction can beat."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault(RUN_SUFFIX.sub("", r["trial"]), []).append(r)
+        groups.setdefault(r["trial_id"], []).append(r)
     out = []
     for trial, rs in groups.items():
         row = {k: rs[0][k] for k in ("method", "optimizer", "model", "dp", "tp", "plan_matches")}
@@ -207,19 +208,29 @@ def per_trial(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _error_stats(sub: list[dict[str, Any]], metrics: tuple[str, ...]) -> dict[str, Any]:
+    """``trials`` and, per metric with an error figure, the median and worst |error| and the
+    worst trial."""
+    out: dict[str, Any] = {"trials": len(sub)}
+    for m in metrics:
+        errs = [(abs(r[f"{m}_error_pct"]), r) for r in sub if r.get(f"{m}_error_pct") is not None]
+        if not errs:
+            continue
+        worst = max(errs, key=lambda e: e[0])
+        out[f"{m}_median_abs_error_pct"] = statistics.median(e for e, _ in errs)
+        out[f"{m}_worst_abs_error_pct"] = worst[0]
+        out[f"{m}_worst_trial"] = worst[1]["trial"]
+    return out
+
+
 def trial_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """`per_trial`'s rows summed up per method and per method × layout (median and worst
     |error| of the optimizer step and the iteration), and whether every method meets `GOAL`."""
     trials = [r for r in per_trial(rows) if r.get("plan_matches") is not False]
+    metrics = (*HEADLINE, *(f"{h}_speed_adjusted" for h in HEADLINE))
 
     def stats(sub: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {"trials": len(sub)}
-        for m in (*HEADLINE, *(f"{h}_speed_adjusted" for h in HEADLINE)):
-            errs = [abs(r[f"{m}_error_pct"]) for r in sub if r.get(f"{m}_error_pct") is not None]
-            if errs:
-                out[f"{m}_median_abs_error_pct"] = statistics.median(errs)
-                out[f"{m}_worst_abs_error_pct"] = max(errs)
-        return out
+        return _error_stats(sub, metrics)
 
     methods = sorted({r["method"] for r in trials})
     layouts = sorted({(r["method"], r["dp"], r["tp"]) for r in trials})
@@ -236,17 +247,10 @@ def trial_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Median absolute % error and the worst case, per method and overall, for each headline metric."""
+    metrics = HEADLINE + tuple(f"{a}_adjusted" for a in ADJUSTED)
+
     def stats(sub: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {"trials": len(sub)}
-        for m in HEADLINE + tuple(f"{a}_adjusted" for a in ADJUSTED):
-            errs = [(abs(r[f"{m}_error_pct"]), r) for r in sub if r.get(f"{m}_error_pct") is not None]
-            if not errs:
-                continue
-            worst = max(errs, key=lambda e: e[0])
-            out[f"{m}_median_abs_error_pct"] = statistics.median(e for e, _ in errs)
-            out[f"{m}_worst_abs_error_pct"] = worst[0]
-            out[f"{m}_worst_trial"] = worst[1]["trial"]
-        return out
+        return _error_stats(sub, metrics)
 
     excluded = [r["trial"] for r in rows if r.get("plan_matches") is False]
     rows = [r for r in rows if r.get("plan_matches") is not False]

@@ -256,11 +256,7 @@ def _report_hardware(plan: ExpandedSweep, runs: list[TrialRun], out: TextIO) -> 
     hardware/local.yaml, else -- trials run on this machine (cluster=local) with
     ``sim.calibrate`` -- this machine's own calibration (`canzona.calibrate.machine`), made once."""
     s = plan.settings
-    if plan.sim_hardware is not None or s.cluster != "local" or not s.sim.calibrate:
-        return plan.sim_hardware
-    from canzona.sim.hardware import local_file
-
-    if local_file() is not None:
+    if plan.sim_hardware is not None or s.cluster != "local" or not s.sim.calibrate:  # given, or local.yaml
         return plan.sim_hardware
     threads = {r.trial.cfg.dist.threads_per_rank for r in runs}
     threads_per_rank = next(iter(threads)) if len(threads) == 1 and isinstance(next(iter(threads)), int) else 1
