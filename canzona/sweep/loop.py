@@ -11,7 +11,11 @@ A closing line says how many runs ran, in how long, how, and how many failed.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
@@ -47,24 +51,26 @@ def run_loop(plan: ExpandedSweep, backend: Backend, to_run: list[TrialRun], skip
             free = b.capacity - len(running)
             if queue and free > 0:
                 batch, queue = queue[:free], queue[free:]
-                for r in batch:
-                    bk.prepare(rd / r.id)
-                handles, refused = b.submit([(r, rd / r.id) for r in batch])
-                for h in handles:
-                    logs = {} if h.log_dir is None else {"log_dir": h.log_dir}
-                    bk.write_status(h.run_dir, "running", error=None, job_id=h.job_id, started=bk.now(), ended=None,
-                                    **base, **logs, **h.run.record())
-                    progress.start(h.run.id)
-                    running.append(h)
-                    submitted.append(h)
-                for r, err in refused:
-                    bk.write_status(rd / r.id, "failed", error=err, started=bk.now(), ended=bk.now(), **base,
-                                    **r.record())
-                    progress.finish(r.id, False, f"[sweep] FAILED {r.id}: {err}")
+                with held_interrupts():  # what the backend took is recorded running, all of it
+                    for r in batch:
+                        bk.prepare(rd / r.id)
+                    handles, refused = b.submit([(r, rd / r.id) for r in batch])
+                    submitted.extend(handles)
+                    for h in handles:
+                        logs = {} if h.log_dir is None else {"log_dir": h.log_dir}
+                        bk.write_status(h.run_dir, "running", error=None, job_id=h.job_id, started=bk.now(),
+                                        ended=None, **base, **logs, **h.run.record())
+                        progress.start(h.run.id)
+                        running.append(h)
+                    for r, err in refused:
+                        bk.write_status(rd / r.id, "failed", error=err, started=bk.now(), ended=bk.now(), **base,
+                                        **r.record())
+                        progress.finish(r.id, False, f"[sweep] FAILED {r.id}: {err}")
             finished = [h for h in running if h.done()]
             for h in finished:
-                running.remove(h)
-                _finish(h, b, progress)
+                with held_interrupts():  # recorded ended and out of `running` together
+                    _finish(h, b, progress)
+                    running.remove(h)
             progress.refresh()
             if running and not finished:
                 b.wait(running, plan.settings.poll_s)
@@ -82,6 +88,26 @@ def run_loop(plan: ExpandedSweep, backend: Backend, to_run: list[TrialRun], skip
     print(f"[sweep] {b.past} {progress.finished} {b.noun}(s) in {fmt_duration(time.monotonic() - clock)}"
           f"{b.describe()}; {progress.failed} failed", file=out)
     return 0
+
+
+@contextmanager
+def held_interrupts() -> Iterator[None]:
+    """Hold a Ctrl-C until the block is over, then raise it: a KeyboardInterrupt between writing
+    a run's status and updating the loop's list of running runs would leave status.json
+    ``running`` for a run the interrupt handler does not know about. Only where Python's own
+    handler is installed (an inherited SIG_IGN stays ignored) and on the main thread."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 def _finish(h: RunHandle, backend: Backend, progress: Progress) -> None:

@@ -848,3 +848,23 @@ def test_run_loop_on_ctrl_c_records_running_runs_interrupted_and_returns_130(tmp
         assert st["cluster"] == "fake" and st["trial_id"] == r.trial.id
     assert not (p.results_dir / runs[2].id).exists()  # still queued: never started
     assert bk.trial_state(p.results_dir / runs[0].id) == bk.FAILED  # a rerun runs it again
+
+
+def test_a_ctrl_c_while_a_status_is_written_is_held_until_the_block_ends() -> None:
+    """The sweep loop records a run and updates its running list inside `held_interrupts`: a real
+    SIGINT delivered in the block lets the block finish, then raises KeyboardInterrupt."""
+    import os
+    import signal
+
+    from canzona.sweep.loop import held_interrupts
+
+    steps = []
+    with pytest.raises(KeyboardInterrupt):
+        with held_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            steps.append("after the signal")
+    assert steps == ["after the signal"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with held_interrupts():  # no signal: nothing raised
+        steps.append("quiet")
+    assert steps[-1] == "quiet"
