@@ -27,11 +27,12 @@ equal as the boundaries allow (what the reduce-scatter and memory care about).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from canzona.plan.buckets import Bucket, BufferLayout
+from canzona.inventory import ParamSpec
+from canzona.plan.buckets import Bucket, BucketPart, BufferLayout, ParamSlot, Ranges, build_layout
 
 Cuts = tuple[int, ...]
 
@@ -63,9 +64,6 @@ def atomic_cuts(layout: BufferLayout) -> list[Cuts]:
         cuts.append(bucket.end)
         plans.append(tuple(cuts))
     return plans
-
-
-Ranges = tuple[tuple[int, int], ...]  # per DP rank, (start, end) in one bucket
 
 
 def owners_from_ranges(layout: BufferLayout, ranges: Sequence[Ranges]) -> dict[int, int]:
@@ -283,3 +281,20 @@ def lpt(weights: Sequence[float], bins: int, order: Sequence[int] | None = None)
         owner[i] = b
         heapq.heappush(heap, (load + weights[i], b))
     return owner
+
+
+def subset_buffer(params: Sequence[ParamSpec], indices: Sequence[int], *, dp: int, tp: int, bucket_size: int,
+                  cuts: Callable[[BufferLayout], list[Cuts]]) -> tuple[list[BucketPart], dict[int, int]]:
+    """The buffer Megatron lays out for the params ``indices`` alone (`build_layout` on them),
+    its buckets cut by ``cuts`` at param boundaries: the buckets as parts of a joined buffer
+    (`canzona.plan.buckets.join_buffers`) and each param's DP owner, in inventory indices."""
+    if not indices:
+        return [], {}
+    sub = build_layout([params[i] for i in indices], dp=dp, tp=tp, bucket_size=bucket_size)
+    ranges = ranges_from_cuts(cuts(sub))
+    owners = {indices[k]: r for k, r in owners_from_ranges(sub, ranges).items()}
+    parts = [BucketPart(min(indices[s.index] for s in b.params),
+                        tuple(ParamSlot(indices[s.index], s.start - b.start, s.end - b.start) for s in b.params),
+                        b.numel, tuple((x - b.start, y - b.start) for x, y in rr))
+             for b, rr in zip(sub.buckets, ranges)]
+    return parts, owners

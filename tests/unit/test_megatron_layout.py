@@ -22,7 +22,7 @@ right, so here Megatron's code computes them and the harness must agree exactly:
 Megatron reads only ``size()`` / ``rank()`` of its process groups here, so a stand-in replaces
 them; its CUDA allocation is sent to the meta device and its bucket log is skipped. The authors'
 fork (liangyuwang/Megatron-Canzona, megatron-core 0.12/0.13 era) keeps the matrix-optimizer
-params in a buffer of their own; `test_authors_fork_lays_matrices_apart` pins that difference.
+params in a buffer of their own, which ``zero1_atomic`` follows (`test_atomic_owners_are_the_authors`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from canzona.config import load_config
 from canzona.cost import NumelCost
 from canzona.inventory import QWEN3, ModelConfig, ParamSpec, build_inventory
 from canzona.plan.buckets import BufferLayout
-from canzona.plan.dp import equal_cuts
+from canzona.plan.dp import atomic_cuts, equal_cuts, owners_from_ranges, ranges_from_cuts
 from canzona.plan.methods import plan_inputs
 from canzona.plan.types import PlanInputs
 
@@ -292,12 +292,16 @@ SHARD_CASES = [pytest.param(*c, marks=pytest.mark.slow) if _heavy(*c) else c for
 
 @pytest.mark.parametrize("bucket", [None, BIG], ids=["default", "4e8"])
 @pytest.mark.parametrize("model,dp,tp", SHARD_CASES)
-def test_shards_and_atomic_owners_are_megatrons(model: str, dp: int, tp: int, bucket: int | None) -> None:
+def test_shards_and_first_element_owners_are_megatrons(model: str, dp: int, tp: int, bucket: int | None) -> None:
+    """The shared buffer's equal shards are Megatron's distributed optimizer's, and the atomic
+    rule on them (`atomic_cuts`: whole params to the rank whose shard holds their first element)
+    gives Megatron's first-element owners; ``zero1_atomic`` applies that rule to the authors'
+    buffers (`test_atomic_owners_are_the_authors`)."""
     inputs, buf, meta = _megatron(model, dp, tp, bucket)
     shards = _megatron_shards(buf, dp)
     assert shards == _harness_shards(inputs.layout, meta)
-    (candidate,) = zero1_atomic.candidates(inputs, frozenset())
-    assert list(candidate.dp_owner) == _first_element_owners(shards, meta)
+    owners = owners_from_ranges(inputs.layout, ranges_from_cuts(atomic_cuts(inputs.layout)))
+    assert [owners[i] for i in range(len(meta))] == _first_element_owners(shards, meta)
 
 
 def _authors_matrix(spec: ParamSpec) -> bool:
@@ -328,13 +332,25 @@ def _authors_atomic_owners(inputs: PlanInputs, dp: int, tp: int, bucket: int) ->
     return owners
 
 
-@pytest.mark.xfail(strict=True, reason="the authors' fork lays the matrices into a buffer of their own; the harness "
-                                       "keeps Megatron's one shared buffer for every method (docs/design.md §2)")
-def test_authors_fork_lays_matrices_apart() -> None:
-    inputs = _inputs("qwen3-0.6b", 32, 1, BIG)
-    authors = _authors_atomic_owners(inputs, 32, 1, BIG)
+@pytest.mark.parametrize("bucket", [None, BIG], ids=["default", "4e8"])
+@pytest.mark.parametrize("model,dp,tp", [("qwen3-0.6b", 8, 1), ("qwen3-0.6b", 32, 1), ("qwen3-1.7b", 8, 1),
+                                         ("qwen3-8b", 64, 1), ("qwen3-32b", 32, 8)])
+def test_atomic_owners_are_the_authors(model: str, dp: int, tp: int, bucket: int | None) -> None:
+    """``zero1_atomic`` follows the authors' fork: its matrices' owners are the first-element
+    owners of the authors' matrix buffer, laid out by megatron-core's own buffer code."""
+    inputs = _inputs(model, dp, tp, bucket)
+    authors = _authors_atomic_owners(inputs, dp, tp, bucket or _megatron_default_bucket_size(dp))
     (candidate,) = zero1_atomic.candidates(inputs, frozenset())
-    assert {i: candidate.dp_owner[i] for i in authors} == authors
+    assert authors and {i: candidate.dp_owner[i] for i in authors} == authors
+
+
+def test_the_authors_layout_differs_from_megatrons_one_buffer() -> None:
+    """Why ``zero1_atomic`` needs a buffer of its own: on megatron-core's one shared buffer the
+    first-element owners of the matrices differ from the authors' (the issue's 0.6B DP 32 case)."""
+    inputs, buf, meta = _megatron("qwen3-0.6b", 32, 1, BIG)
+    shared = _first_element_owners(_megatron_shards(buf, 32), meta)
+    authors = _authors_atomic_owners(inputs, 32, 1, BIG)
+    assert {i: shared[i] for i in authors} != authors
 
 
 # ---------------------------------------------------------------- layerwise

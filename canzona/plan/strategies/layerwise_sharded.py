@@ -69,7 +69,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from canzona.inventory import ParamSpec
-from canzona.plan.buckets import PARAM_ALIGN, Bucket, BufferLayout, ParamSlot
+from canzona.plan.buckets import (
+    PARAM_ALIGN,
+    BucketPart,
+    BufferLayout,
+    ParamSlot,
+    Ranges,
+    bucket_size_of,
+    join_buffers,
+)
 from canzona.plan.types import DpLayout, PlanInputs
 
 NAME = "layerwise_sharded"
@@ -197,34 +205,6 @@ def managed(p: ParamSpec) -> bool:
     return len(p.shape) == 2 and not p.name.startswith(("embedding.", "output_layer."))
 
 
-def bucket_size_of(layout: BufferLayout, params: Sequence[ParamSpec]) -> int:
-    """A bucket size that made ``layout`` (`canzona.plan.buckets.build_layout`): Megatron's
-    default ``max(4e7, 1e6 * dp)`` if it would, else the roundest size that would.
-
-    Sizes in an interval (lo, hi] give the layout. A one-bucket layout (hi unbounded) gives no
-    size away, and needs none: every size above lo gives the same Megatron chunks, because no
-    chunk of matrices reaches lo elements before the buffer's last param, where the walk ends
-    anyway (Megatron's chunks count raw matrix elements, a part of the padded buffer)."""
-    lo, hi = 0, math.inf  # sizes in (lo, hi] give this layout
-    for n, b in enumerate(layout.buckets):
-        ends = [s.end - b.start for s in b.params]
-        if len(ends) > 1:
-            lo = max(lo, ends[-2])
-        if n < len(layout.buckets) - 1:
-            hi = min(hi, ends[-1])
-    default = max(40_000_000, 1_000_000 * layout.dp)
-    if lo < default <= hi:
-        return default
-    if hi == math.inf:
-        return lo + 1
-    for e in range(18, -1, -1):
-        m = 10**e
-        c = (lo // m + 1) * m
-        if c <= hi:
-            return int(c)
-    raise AssertionError("unreachable: an integer lies in (lo, hi]")
-
-
 @dataclass(frozen=True)
 class Assignment:
     """`assign`'s result: the managed params (inventory indices, registration order), their
@@ -264,9 +244,6 @@ def assign(inputs: PlanInputs, rule: str = "0.19", bucket_size: int | None = -1)
     return Assignment(mine, tuple(buckets), tuple(owners))
 
 
-Ranges = tuple[tuple[int, int], ...]  # per DP rank, (start, end) in one bucket
-
-
 def own_buffer(inputs: PlanInputs, rule: str = "0.19", bucket_size: int | None = -1) -> DpLayout:
     """`own_buffer_layout` as the candidate with a buffer of its own: reduce-scatter into its
     shards, all-gather of them (needs a `DpLayout` with a ``layout`` field)."""
@@ -290,41 +267,29 @@ def own_buffer_layout(inputs: PlanInputs, rule: str = "0.19", bucket_size: int |
     buffers reduce independently; one harness buffer hands its buckets out in order, so the
     buckets are laid in the order their last gradient arrives (backprop order)."""
     from canzona.plan import dp as dpmod
-    from canzona.plan.buckets import build_layout
 
     if bucket_size == -1:
         bucket_size = bucket_size_of(inputs.layout, inputs.params)
     got = assign(inputs, rule, bucket_size)
     dp, tp = inputs.dp, inputs.tp
-    # (first param in registration order, slots at offsets from 0, ranges from 0, owners)
-    parts: list[tuple[int, tuple[ParamSlot, ...], int, Ranges]] = []
+    parts: list[BucketPart] = []
     for b in got.buckets:
         slots = tuple(ParamSlot(got.managed[k], start - b.start, end - b.start) for k, start, end, _ in b.members)
         equal = tuple((s * b.shard, (s + 1) * b.shard) for s in range(dp))
-        parts.append((min(sl.index for sl in slots), slots, b.end - b.start, equal))
+        parts.append(BucketPart(min(sl.index for sl in slots), slots, b.end - b.start, equal))
     owners = list(got.owners)
     managed_set = set(got.managed)
     rest = [i for i in range(len(inputs.params)) if i not in managed_set]
-    if rest:
-        sub = build_layout([inputs.params[i] for i in rest], dp=dp, tp=tp,
-                           bucket_size=bucket_size if bucket_size is not None else 1 << 62)
-        cuts = dpmod.alpha_cuts(sub, {k: float(inputs.params[i].local_numel(tp)) for k, i in enumerate(rest)}, 0.0)
-        sub_ranges = dpmod.ranges_from_cuts(cuts)
-        for k, r in dpmod.owners_from_ranges(sub, sub_ranges).items():
-            owners[rest[k]] = r
-        for b, rr in zip(sub.buckets, sub_ranges):
-            slots = tuple(ParamSlot(rest[sl.index], sl.start - b.start, sl.end - b.start) for sl in b.params)
-            parts.append((min(sl.index for sl in slots), slots, b.numel,
-                          tuple((x - b.start, y - b.start) for x, y in rr)))
-    parts.sort(key=lambda part: -part[0])  # the bucket whose last gradient comes first, first
-    buckets: list[Bucket] = []
-    ranges: list[Ranges] = []
-    at = 0
-    for n, (_, slots, numel, rr) in enumerate(parts):
-        buckets.append(Bucket(n, at, at + numel, tuple(ParamSlot(sl.index, sl.start + at, sl.end + at) for sl in slots)))
-        ranges.append(tuple((x + at, y + at) for x, y in rr))
-        at += numel
-    return BufferLayout(tuple(buckets), at, dp, tp), tuple(ranges), tuple(owners)
+
+    def even_at_ends(sub: BufferLayout) -> list[dpmod.Cuts]:
+        return dpmod.alpha_cuts(sub, {k: float(inputs.params[i].local_numel(tp)) for k, i in enumerate(rest)}, 0.0)
+
+    rest_parts, rest_owners = dpmod.subset_buffer(inputs.params, rest, dp=dp, tp=tp, cuts=even_at_ends,
+                                                  bucket_size=bucket_size if bucket_size is not None else 1 << 62)
+    for i, r in rest_owners.items():
+        owners[i] = r
+    layout, ranges = join_buffers(parts + rest_parts, dp, tp)
+    return layout, ranges, tuple(owners)
 
 
 def layout_for(inputs: PlanInputs, rule: str) -> DpLayout:
