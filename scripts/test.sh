@@ -19,5 +19,5 @@ trap 'bash slurm/dev-cluster.sh down >/dev/null 2>&1 || true' EXIT
 # not peers"`. The `peers` tests (megatron-core 0.19.2 in an environment of its own, made on first
 # use: about 1.5 min and 5 GB) run in .ci/run beside `paper`, or alone with `pytest -m peers`.
 "$PY" -m pytest -m "not slow and not paper and not peers" -n auto --maxprocesses 4 -p no:cacheprovider "$@"
-"$PY" -m pytest -m "slow and not paper and not peers" -p no:cacheprovider "$@"
+"$PY" -m pytest -m "slow and not paper and not peers" -p no:cacheprovider --durations=20 "$@"
 bash slurm/dev-cluster.sh down
