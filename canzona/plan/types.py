@@ -113,7 +113,6 @@ class DpStrategy(Protocol):
     """What a DP strategy module provides (`canzona.plan.registry.DP_STRATEGIES`)."""
 
     NAME: str
-    SUMMARY: str
     RUNG: str | None  # its name on the authors' ladder ("1_0"), None if it is not on it
     ELEMENTWISE_ONLY: bool  # every param gets the elementwise rule, whatever the optimizer
 
@@ -128,7 +127,6 @@ class TpStrategy(Protocol):
     """What a TP strategy module provides (`canzona.plan.registry.TP_STRATEGIES`)."""
 
     NAME: str
-    SUMMARY: str
     RUNG: str | None
     MODE: TpMode  # pipeline: micro-groups with one owner per matrix; duplicated; local
 

@@ -13,7 +13,6 @@ from canzona.plan import dp as dpmod
 from canzona.plan.types import DpLayout, PlanInputs
 
 NAME = "zero1_atomic"
-SUMMARY = "ZeRO-1 with whole-tensor ownership: a matrix belongs to the rank whose equal shard holds its first element"
 RUNG = "1_0"  # the authors' USE_DP_ASYNC_OPT=1, USE_DP_BALANCED_OPT=0
 ELEMENTWISE_ONLY = False
 
