@@ -213,17 +213,9 @@ class ExpertPlan:
     bucket_size: int
     plan_seconds: float = 0.0
 
-    def placement(self) -> dict[int, tuple[int, int, int | None, int | None]]:
-        """inventory index -> (EP rank, position in that rank's plan, expert-DP owner, expert-TP
-        owner); an owner None: every rank of that axis (sync), or split elementwise (adamw)."""
-        out = {}
-        for e, (index, plan) in enumerate(zip(self.index, self.plans)):
-            for k, i in enumerate(index):
-                out[i] = (e, k, plan.dp_owner[k], plan.tp_owner[k] if plan.uses_matrix_rule(k) else None)
-        return out
-
     def computing_ranks(self, ep_rank: int, dp_owner: int | None, tp_owner: int | None) -> list[int]:
-        """The global ranks that compute (a part of) an update placed so (`placement`)."""
+        """The global ranks that compute (a part of) an update of EP rank ``ep_rank``'s plan owned by
+        expert-DP rank ``dp_owner`` and expert-TP rank ``tp_owner`` (None: every rank of that axis)."""
         lay = self.layout
         return [lay.rank_of(d, ep_rank, t)
                 for d in (range(lay.edp) if dp_owner is None else (dp_owner,))
