@@ -80,7 +80,7 @@ class ExpandedSweep:
     def runs(self) -> list[TrialRun]:
         """Every run, in the order they are launched: repetition by repetition; within one, the
         trials of a point (same model, layout and training settings) back to back, those that
-        differ only in their method next to each other, in the plan's order in odd repetitions
+        differ only in their method next to each other, in the sweep's order in odd repetitions
         and reversed in even ones (A B C, C B A, A B C, ...).
 
         Load on a shared machine drifts; a method whose runs all fell in a slow stretch would
