@@ -32,6 +32,7 @@ from canzona.overrides import Arguments, Renamed, build, move_keys, parent_mappi
 from canzona.peers import PEERS, TP_MODES
 from canzona.plan import registry as methods
 from canzona.schema_doc import KeyDoc, check_choices, key_docs, setting
+from canzona.sim.hardware import DEFAULT_HARDWARE
 
 OPTIMIZERS = optimizers.NAMES
 GROUPINGS = ("rounds", "global", "slot", "single", "none")
@@ -165,7 +166,7 @@ class PlannerSection:
     measured_table: str | None = setting(None, "measured costs from the updates table of this calibrated hardware "
                                                "file (python -m canzona.calibrate out=PATH) instead of the "
                                                "calibration cache")
-    cost_hardware: str = setting("h100", "hardware file (a name under hardware/ or a YAML path) of CUDA plans "
+    cost_hardware: str = setting(DEFAULT_HARDWARE, "hardware file (a name under hardware/ or a YAML path) of CUDA plans "
                                          "made where no GPU is visible, and of planner.cost=roofline")
     cost_cache: str | None = setting(None, "calibration cache folder (default $CANZONA_CACHE_DIR, else "
                                            "$XDG_CACHE_HOME/canzona, else ~/.cache/canzona)")

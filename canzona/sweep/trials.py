@@ -13,7 +13,7 @@ from typing import Any
 
 from canzona.config import TrialConfig
 from canzona.sweep.ids import run_id
-from canzona.sweep.settings import DEFAULT_SIM_HARDWARE, SweepSettings
+from canzona.sweep.settings import SweepSettings
 
 
 @dataclass
@@ -121,13 +121,14 @@ class ExpandedSweep:
 
     @property
     def sim_hardware(self) -> str | None:
-        """The hardware of this sweep: ``sim.hardware`` if given; else h100 for cluster=simulate,
-        hardware/local.yaml (if it exists) for the report of a measured sweep."""
+        """The hardware of this sweep: ``sim.hardware`` if given; else the default (h100) for
+        cluster=simulate, hardware/local.yaml (if it exists) for the report of a measured sweep."""
+        from canzona.sim.hardware import DEFAULT_HARDWARE, local_file
+
         if self.settings.sim.hardware:
             return self.settings.sim.hardware
         if self.settings.cluster == "simulate":
-            return DEFAULT_SIM_HARDWARE
-        from canzona.sim.hardware import local_file
+            return DEFAULT_HARDWARE
 
         local = local_file()
         return str(local) if local is not None else None
