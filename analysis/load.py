@@ -29,7 +29,7 @@ parameter count and the trial schema's key renames):
 A sweep resumed by a later command (``rerun=failed`` skips what is recorded) holds runs of
 several *invocations*. `invocations` tells them apart by what status.json carries: an
 ``invocation`` id where the launcher records one; else the ``submitit/<stamp>/`` folder of its
-logs (``log_dir``: one stamp per invocation, `canzona.sweep.launch.run_stamp`); else its
+logs (``log_dir``: one stamp per invocation, `canzona.sweep.backends.run_stamp`); else its
 ``started`` time against the ``started`` of the last invocation (sweep.json), which tells the
 last invocation from earlier ones but not the earlier ones apart (a lower bound).
 """

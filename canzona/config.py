@@ -15,7 +15,15 @@ from omegaconf import OmegaConf
 
 from canzona.cost import COSTS
 from canzona.errors import ConfigError
-from canzona.inventory import OVERRIDE_KEYS, QWEN3_MOE, ModelConfig, check_experts, check_tp, model_config_of
+from canzona.inventory import (
+    OVERRIDE_KEYS,
+    QWEN3_MOE,
+    ModelConfig,
+    check_experts,
+    check_moe_sequence_parallel,
+    check_tp,
+    model_config_of,
+)
 from canzona.layout import ExpertLayout
 from canzona.model_spec import ATTENTIONS, NORMS, POSITIONS, builtin_names
 from canzona.optim import registry as optimizers
@@ -24,6 +32,7 @@ from canzona.overrides import Arguments, Renamed, build, move_keys, parent_mappi
 from canzona.peers import PEERS, TP_MODES
 from canzona.plan import registry as methods
 from canzona.schema_doc import KeyDoc, check_choices, key_docs, setting
+from canzona.sim.hardware import DEFAULT_HARDWARE
 
 OPTIMIZERS = optimizers.NAMES
 GROUPINGS = ("rounds", "global", "slot", "single", "none")
@@ -157,7 +166,7 @@ class PlannerSection:
     measured_table: str | None = setting(None, "measured costs from the updates table of this calibrated hardware "
                                                "file (python -m canzona.calibrate out=PATH) instead of the "
                                                "calibration cache")
-    cost_hardware: str = setting("h100", "hardware file (a name under hardware/ or a YAML path) of CUDA plans "
+    cost_hardware: str = setting(DEFAULT_HARDWARE, "hardware file (a name under hardware/ or a YAML path) of CUDA plans "
                                          "made where no GPU is visible, and of planner.cost=roofline")
     cost_cache: str | None = setting(None, "calibration cache folder (default $CANZONA_CACHE_DIR, else "
                                            "$XDG_CACHE_HOME/canzona, else ~/.cache/canzona)")
@@ -392,9 +401,9 @@ def _check_peer(cfg: TrialConfig) -> None:
 
 def check_runnable(cfg: TrialConfig) -> None:
     """What building the model needs beyond planning it, as a one-line ConfigError: an MoE model
-    at TP > 1 runs with sequence parallelism only (Megatron's MoE requires it; each TP rank then
-    routes its own part of the sequence). Planning alone takes either. Multi-head latent attention
-    is planned and projected only, and a learned position embedding must cover the sequence."""
+    at TP > 1 runs with sequence parallelism only (`canzona.inventory.check_moe_sequence_parallel`;
+    planning alone takes either). Multi-head latent attention is planned and projected only, and a
+    learned position embedding must cover the sequence."""
     mcfg = cfg.model_cfg()
     if mcfg.mla:
         raise ConfigError(f"model={cfg.model.name} has multi-head latent attention (model.attention=mla): the "
@@ -403,10 +412,7 @@ def check_runnable(cfg: TrialConfig) -> None:
     if mcfg.position == "learned" and cfg.train.seq_len > mcfg.max_positions:
         raise ConfigError(f"train.seq_len={cfg.train.seq_len} exceeds the {mcfg.max_positions} learned positions "
                           f"of model={cfg.model.name}; give train.seq_len<={mcfg.max_positions}")
-    if mcfg.moe and cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
-        raise ConfigError(f"parallel.sequence_parallel=false with parallel.tp={cfg.parallel.tp}: the MoE model "
-                          f"{cfg.model.name} runs at TP > 1 with parallel.sequence_parallel=true only, as Megatron's "
-                          f"MoE does")
+    check_moe_sequence_parallel(mcfg, cfg.parallel.tp, cfg.parallel.sequence_parallel)
 
 
 def dry_run_ranks(value: Any, world: int) -> list[int]:

@@ -182,14 +182,14 @@ def make_cost_model(
     elementwise_flops: float = ELEMENTWISE_FLOP_EQUIVALENT,
     settings: Any = None,
     calibration: Calibration | None = None,
-    hardware: Any = "h100",
+    hardware: Any = None,
 ) -> CostModel:
     """A cost model of an explicit ``kind``. ``settings``, the whole optimizer section (so
     ``max_preconditioner_dim`` and any other option counts), wins over the ``ns_steps`` /
     ``precondition_frequency`` shorthands. ``measured`` reads ``table`` (the path of a hardware file
     that ``python -m canzona.calibrate`` wrote) or else ``calibration`` (this machine's cache, see
     `select_cost_model`); ``roofline`` runs on ``hardware`` (a `canzona.sim.hardware.Hardware`, a
-    name or a path)."""
+    name or a path; None: `canzona.sim.hardware.DEFAULT_HARDWARE`)."""
     if settings is None:
         settings = OptimizerSection(ns_steps=ns_steps, precondition_frequency=precondition_frequency)
     flops = FlopsCost(optimizer, settings, elementwise_flops)
@@ -205,8 +205,9 @@ def make_cost_model(
         return from_calibration(calibration, optimizer, flops)
     if kind == "roofline":
         from canzona.roofline import RooflineCost
+        from canzona.sim.hardware import DEFAULT_HARDWARE
 
-        return RooflineCost.on(hardware, optimizer, settings)
+        return RooflineCost.on(hardware or DEFAULT_HARDWARE, optimizer, settings)
     raise ConfigError(f"planner.cost={kind!r} is not allowed; choose one of: {', '.join(COSTS)}")
 
 

@@ -367,6 +367,16 @@ def total_params(params: list[ParamSpec]) -> int:
     return sum(p.numel for p in params)
 
 
+def check_moe_sequence_parallel(cfg: ModelConfig, tp: int, sequence_parallel: bool) -> None:
+    """A one-line ConfigError if ``cfg`` is an MoE model at TP > 1 without sequence parallelism:
+    Megatron's MoE requires it (each TP rank then routes its own part of the sequence). Planning
+    takes either; a trial checks it before its ranks start (`canzona.config.check_runnable`) and
+    the model where it is built (`canzona.model.qwen3.check_moe`)."""
+    if cfg.moe and tp > 1 and not sequence_parallel:
+        raise ConfigError(f"parallel.sequence_parallel=false with parallel.tp={tp}: the MoE model {cfg.name} runs "
+                          f"at TP > 1 with parallel.sequence_parallel=true only, as Megatron's MoE does")
+
+
 def check_experts(cfg: ModelConfig, ep: int, etp: int) -> None:
     """Raise ConfigError unless ``ep`` EP ranks can split ``cfg``'s experts and ``etp`` expert-TP
     ranks each expert's FFN (the group arithmetic itself: `canzona.layout.ExpertLayout.check`)."""

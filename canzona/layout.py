@@ -88,6 +88,14 @@ class RankLayout:
         return out
 
 
+def check_expert_tp(tp: int, etp: int) -> None:
+    """A one-line ConfigError unless expert TP is 1 or TP: the two grids the harness lays out
+    (`ExpertLayout`) and builds (`canzona.model.qwen3.check_moe`)."""
+    if etp not in (1, tp):
+        raise ConfigError(f"parallel.etp={etp}: expert TP is 1 or parallel.tp={tp} (null: parallel.tp); other "
+                          f"expert-TP sizes are not supported")
+
+
 @dataclass(frozen=True)
 class ExpertLayout:
     """Where each global rank sits in Megatron's expert grid, beside the dense DP × TP one.
@@ -119,9 +127,7 @@ class ExpertLayout:
         for key, value in (("parallel.ep", ep), ("parallel.etp", etp)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key}={value!r} must be a positive integer")
-        if etp not in (1, tp):
-            raise ConfigError(f"parallel.etp={etp}: expert TP is 1 or parallel.tp={tp} (null: parallel.tp); other "
-                              f"expert-TP sizes are not supported")
+        check_expert_tp(tp, etp)
         if (dp * tp // etp) % ep:
             raise ConfigError(f"parallel.ep={ep} does not divide dp*tp/etp={dp}*{tp}/{etp}={dp * tp // etp} "
                               f"(Megatron's expert grid is etp x ep x expert-dp)")

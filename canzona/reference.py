@@ -55,7 +55,9 @@ def _schema_keys(module: str, cls: str) -> Callable[[], list[tuple[str, list[Key
 
 
 def _simulate_keys() -> list[tuple[str, list[KeyDoc]]]:
-    hardware = KeyDoc("hardware", "str", "h100", "hardware file: h100, h200, a100, local, or a YAML path", None)
+    from canzona.sim.hardware import DEFAULT_HARDWARE
+
+    hardware = KeyDoc("hardware", "str", DEFAULT_HARDWARE, "hardware file: h100, h200, a100, local, or a YAML path", None)
     return [("keys", [hardware]), *_trial_keys()]
 
 

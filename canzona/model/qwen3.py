@@ -32,7 +32,7 @@ index in the full inventory, so they do not depend on ``ep``.
 
 Gradients of the q/k-norm weights are *partial* on each TP rank (each rank normalises only
 its own heads); the model leaves them so, the executor sums them over the TP group
-(``ParamSpec.tp_grad_allreduce``; ``reduce_tp_partial_grads`` does it for tests).
+(``ParamSpec.tp_grad_allreduce``).
 All other replicated params get identical, complete gradients on every TP rank.
 """
 
@@ -51,8 +51,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from canzona.errors import ConfigError
-from canzona.inventory import ModelConfig, ParamSpec, build_inventory, check_experts, check_tp
+from canzona.inventory import (
+    ModelConfig,
+    ParamSpec,
+    build_inventory,
+    check_experts,
+    check_moe_sequence_parallel,
+    check_tp,
+)
+from canzona.layout import check_expert_tp
 from canzona.model import fused
 from canzona.model import sequence_parallel as sp
 from canzona.model.moe import MoELayer
@@ -389,17 +396,13 @@ class Qwen3Model(nn.Module):
 
 def check_moe(cfg: ModelConfig, tp: int, ep: int, etp: int, sequence_parallel: bool) -> None:
     """Raise a one-line ConfigError unless the model can be built with these expert sizes: EP and
-    expert-TP must split the experts (`check_experts`; expert-TP is 1 or TP,
-    `canzona.layout.ExpertLayout.check`), and with TP an MoE model needs sequence parallelism
-    (Megatron requires it: each TP rank then routes its own part of the sequence)."""
+    expert-TP must split the experts (`check_experts`), expert-TP is 1 or TP (`check_expert_tp`),
+    and with TP an MoE model needs sequence parallelism (`check_moe_sequence_parallel`)."""
     check_experts(cfg, ep, etp)
     if not cfg.moe:
         return
-    if tp > 1 and not sequence_parallel:
-        raise ConfigError(f"parallel.sequence_parallel=false with parallel.tp={tp}: the MoE model {cfg.name} needs "
-                          f"parallel.sequence_parallel=true at TP > 1, as Megatron's MoE does")
-    if etp not in (1, tp):
-        raise ConfigError(f"parallel.etp={etp}: expert TP is 1 or parallel.tp={tp}")
+    check_moe_sequence_parallel(cfg, tp, sequence_parallel)
+    check_expert_tp(tp, etp)
 
 
 def rank_index(specs: list[ParamSpec], ep: int, ep_rank: int) -> list[int]:
@@ -501,17 +504,10 @@ def init_shard(spec: ParamSpec, idx: int, *, seed: int, num_layers: int, tp: int
     return torch.cat(parts).contiguous()
 
 
-def init_full_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """The full initial values ``build_model(cfg, seed=seed)`` shards, without any process group."""
-    return {
-        s.name: init_shard(s, i, seed=seed, num_layers=cfg.num_layers)
-        for i, s in enumerate(build_inventory(cfg))
-    }
-
-
 # ---------------------------------------------------------------------------------------------
-# Full (unsharded) views, for tests and parity checks. They all-gather over the TP group, and an
-# MoE model's experts over the expert-TP group, then the EP group, so a full dict has every param of the full inventory.
+# Full (unsharded) views, for a trial's saved parameters (``save_params``) and the parity tests. They
+# all-gather over the TP group, and an MoE model's experts over the expert-TP group, then the EP
+# group, so a full dict has every param of the full inventory.
 
 
 def _gather_cat(local: torch.Tensor, spec: ParamSpec, tp: int, group) -> torch.Tensor:
@@ -543,7 +539,7 @@ def _gather_experts(model: Qwen3Model, local: torch.Tensor, spec: ParamSpec) -> 
     return {f"{stem}{first + j * per_rank}": t.cpu() for j, t in enumerate(parts)}
 
 
-def _full_views(model: Qwen3Model, local: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+def full_views(model: Qwen3Model, local: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """name -> full tensor of ``local`` (aligned with ``param_specs()``), in full-inventory order."""
     group = parallel_state.get_tensor_model_parallel_group()
     out: dict[str, torch.Tensor] = {}
@@ -558,52 +554,7 @@ def _full_views(model: Qwen3Model, local: list[torch.Tensor]) -> dict[str, torch
 def full_state_dict(model: Qwen3Model) -> dict[str, torch.Tensor]:
     """name -> full tensor (CPU), gathered over the TP group along each param's ``tp_dim`` and,
     for experts, over the EP group. Collective: every rank of those groups must call it."""
-    return _full_views(model, [p.data for p in model.parameters()])
-
-
-def full_grad_dict(model: Qwen3Model, *, reduce_partial: bool = True) -> dict[str, torch.Tensor]:
-    """name -> full gradient (CPU). With ``reduce_partial`` the partial q/k-norm grads are summed
-    over TP first (on a copy; the model's grads are left as they are). Experts' gradients are
-    this EP group's (not reduced over expert-DP). Collective."""
-    group = parallel_state.get_tensor_model_parallel_group()
-    grads = []
-    for p, s in zip(model.parameters(), model.param_specs()):
-        g = p.grad if p.grad is not None else torch.zeros_like(p)
-        if reduce_partial and s.tp_grad_allreduce and model.tp > 1:
-            g = g.detach().clone()
-            dist.all_reduce(g, group=group)
-        grads.append(g)
-    return _full_views(model, grads)
-
-
-def reduce_tp_partial_grads(model: Qwen3Model) -> None:
-    """Sum the partial q/k-norm grads over the TP group in place (what the executor does)."""
-    if model.tp == 1:
-        return
-    group = parallel_state.get_tensor_model_parallel_group()
-    for _, p in model.tp_partial_grad_params():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
-
-
-def load_full_state_dict(model: Qwen3Model, full: dict[str, torch.Tensor]) -> None:
-    """Copy this rank's shard of each full tensor (every param of the full inventory, all
-    experts included) into the model (no communication)."""
-    names = [s.name for s in build_inventory(model.cfg)]
-    missing = [n for n in names if n not in full]
-    extra = sorted(set(full) - set(names))
-    if missing or extra:
-        raise KeyError(f"full state dict mismatch: missing {missing}, unexpected {extra}")
-    with torch.no_grad():
-        for (n, p), s in zip(model.named_parameters(), model.param_specs()):
-            t = full[n]
-            if tuple(t.shape) != s.shape:
-                raise ValueError(f"{n}: full shape {tuple(t.shape)} != {s.shape}")
-            split, rank = model.tp_split(s)
-            if s.tp_dim is not None and split > 1:
-                size = s.shape[s.tp_dim] // split
-                t = t.narrow(s.tp_dim, rank * size, size)
-            p.copy_(t)
+    return full_views(model, [p.data for p in model.parameters()])
 
 
 def _tp_group():

@@ -1,8 +1,9 @@
 """What ``python -m canzona.plan`` shows of an MoE model's expert plan (pure): every expert
 matrix with its place, the expert buckets and the imbalance over the expert-DP groups.
 
-The figures come from the plan itself (`canzona.plan.rank_loads`): expert plans are not lowered
-to per-rank programs yet, so there are no counted programs to take them from.
+The figures come from the plan itself (`canzona.plan.rank_loads`), one expert-DP grid per EP
+rank: the counted programs (`canzona.program.count`) hold each global rank's dense and expert
+work together, with which these sums agree (a test checks it).
 """
 
 from __future__ import annotations

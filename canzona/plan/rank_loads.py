@@ -1,9 +1,11 @@
 """Per-rank optimizer work of any plan, from the plan alone (pure).
 
 `canzona.program.count` counts the same from the lowered per-rank programs, which is what trials
-report; this is the planner-side sum for where no programs exist -- an MoE model's expert
-plans, which are not lowered yet -- and a test checks that the two agree on dense plans. Units
-and rules are `count`'s: a computed matrix costs its full-tensor cost and holds a full matrix of
+and ``python -m canzona.plan`` report. This sum needs no programs: the composer scores candidate
+plans with it before anything is lowered (`canzona.plan.compose`), and the expert report takes
+each EP rank's expert-DP grid from it (`canzona.plan.expert_report`), which the counted programs
+add into every global rank's total. Tests check that the two agree, on dense and MoE plans
+(tests/unit/test_moe_plan.py). Units and rules are `count`'s: a computed matrix costs its full-tensor cost and holds a full matrix of
 state on every rank that computes it (its DP and TP owner, or every rank of an axis without
 one); an elementwise update costs the covered fraction of its param's cost and holds the
 covered elements.

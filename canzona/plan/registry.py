@@ -2,9 +2,10 @@
 
 A method is one DP strategy and one TP strategy (``method.dp=NAME method.tp=NAME``), or a preset
 ``method=NAME`` that sets both (an explicit ``method.dp`` / ``method.tp`` beside it wins). Adding
-a strategy: write one module with the interface of its kind (`canzona.plan.types`: ``NAME``,
-``SUMMARY``, ``RUNG``, and ``candidates`` for DP, ``MODE`` and ``groups`` for TP)
-and list it below. Nothing downstream branches on names: the `Plan` says what runs.
+a strategy: write one module in `canzona.plan.strategies`, named as the strategy, with the
+interface of its kind (`canzona.plan.types`: ``NAME``, ``RUNG``, and ``ELEMENTWISE_ONLY`` and
+``candidates`` for DP, ``MODE`` and ``groups`` for TP), and list it below. Nothing downstream
+branches on names: the `Plan` says what runs.
 
 The authors' ablation ladder (Megatron-Canzona's README, ``muon-dp8-{DPasync}_{DPbal}-tp4-
 {TPasync}_{TPbal}``) names a pair by its rungs: ``rung("zero1_atomic", "duplicated")`` is
@@ -15,24 +16,27 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from baselines import ddp, duplicated, layerwise, zero1_atomic
 from canzona.errors import ConfigError
 from canzona.peers import PEERS
 from canzona.plan.strategies import (
+    async_,
     async_balanced,
-    async_groups,
     balanced,
+    ddp,
+    duplicated,
+    layerwise,
     layerwise_sharded,
     layerwise_sharded_ns,
     local,
     zero1,
+    zero1_atomic,
 )
 from canzona.plan.types import DpStrategy, TpStrategy
 
 DP_STRATEGIES: dict[str, DpStrategy] = {  # type: ignore[misc]
     m.NAME: m for m in (ddp, zero1_atomic, balanced, layerwise, zero1, layerwise_sharded, layerwise_sharded_ns)
 }
-TP_STRATEGIES: dict[str, TpStrategy] = {m.NAME: m for m in (duplicated, async_groups, async_balanced, local)}  # type: ignore[misc]
+TP_STRATEGIES: dict[str, TpStrategy] = {m.NAME: m for m in (duplicated, async_, async_balanced, local)}  # type: ignore[misc]
 
 
 class Preset(NamedTuple):

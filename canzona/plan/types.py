@@ -23,18 +23,19 @@ TpMode = Literal["pipeline", "duplicated", "local"]
 @dataclass(frozen=True)
 class Execution:
     """The trial settings that shape how a plan runs (read by `canzona.program.lower` only), so
-    that a plan alone says everything needed to lower it to per-rank programs."""
+    that a plan alone says everything needed to lower it to per-rank programs. No defaults: each
+    value comes from the trial's config (`from_config`), whose schema holds the defaults."""
 
-    dp_collective: str = "auto"  # uneven-shard DP collective: auto | padded | reduce_loop | coalesced | all_to_all
-    overlap_grad_reduce: bool = True  # bucket reductions issued from backward hooks
-    pipeline_depth: int = 2  # micro-groups of gathers in flight ahead of the one computing
-    dtype: str = "float32"  # model parameters and activations: float32 or bfloat16 (fp32 main params)
-    dtype_reason: str = "default"
-    overlap_param_gather: bool = True  # parameter all-gather waited for in the next forward
-    clip_grad: float = 0.0  # gradient-norm clipping threshold; 0: off
-    device: str = "cpu"  # the device kind the plan runs on (cpu | cuda)
-    grad_accum: int = 1  # micro-batches (forward + backward) per iteration
-    clip_norm_dtype: str = "float32"  # the norm's accumulation: float32 (Megatron) or float64 (exact)
+    dp_collective: str  # uneven-shard DP collective: auto | padded | reduce_loop | coalesced | all_to_all
+    overlap_grad_reduce: bool  # bucket reductions issued from backward hooks
+    pipeline_depth: int  # micro-groups of gathers in flight ahead of the one computing
+    dtype: str  # model parameters and activations: float32 or bfloat16 (fp32 main params)
+    dtype_reason: str
+    overlap_param_gather: bool  # parameter all-gather waited for in the next forward
+    clip_grad: float  # gradient-norm clipping threshold; 0: off
+    device: str  # the device kind the plan runs on (cpu | cuda)
+    grad_accum: int  # micro-batches (forward + backward) per iteration
+    clip_norm_dtype: str  # the norm's accumulation: float32 (Megatron) or float64 (exact)
 
     @classmethod
     def from_config(cls, cfg, device: str) -> Execution:
@@ -68,13 +69,14 @@ class _Sized:
 
 @dataclass(frozen=True)
 class PlanSettings:
-    """The strategies' own knobs (from ``planner.*`` and ``dist.sync_variant``), nothing else."""
+    """The strategies' own knobs (from ``planner.*`` and ``dist.sync_variant``), nothing else; no
+    defaults: `canzona.plan.methods.plan_settings` takes them from the config's schema."""
 
-    alpha: float = 1.0  # balanced: 1 balances the optimizer's cost, 0 the shards' elements
-    dp_variant: str = "minmax"  # balanced: exact per-bucket min-max split, or the paper's snap
-    grouping: str = "rounds"  # async_balanced: how TP micro-groups are formed (`canzona.plan.tp`)
-    capacity: float = 0.125  # async_balanced: a group's most per TP rank, fraction of the ideal
-    sync_variant: str = "all_reduce"  # ddp: all-reduce, or reduce-scatter + all-gather of gradients
+    alpha: float  # balanced: 1 balances the optimizer's cost, 0 the shards' elements
+    dp_variant: str  # balanced: exact per-bucket min-max split, or the paper's snap
+    grouping: str  # async_balanced: how TP micro-groups are formed (`canzona.plan.tp`)
+    capacity: float  # async_balanced: a group's most per TP rank, fraction of the ideal
+    sync_variant: str  # ddp: all-reduce, or reduce-scatter + all-gather of gradients
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class PlanInputs(_Sized):
     cost: dict[int, float]  # inventory index -> full-tensor update cost
     cost_model: str  # the cost model's name (measured, roofline, flops, numel)
     matrix_optimizer: bool  # the optimizer has a matrix rule (muon, shampoo, soap; not adamw)
-    settings: PlanSettings = PlanSettings()
+    settings: PlanSettings
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,6 @@ class DpStrategy(Protocol):
     """What a DP strategy module provides (`canzona.plan.registry.DP_STRATEGIES`)."""
 
     NAME: str
-    SUMMARY: str
     RUNG: str | None  # its name on the authors' ladder ("1_0"), None if it is not on it
     ELEMENTWISE_ONLY: bool  # every param gets the elementwise rule, whatever the optimizer
 
@@ -128,7 +129,6 @@ class TpStrategy(Protocol):
     """What a TP strategy module provides (`canzona.plan.registry.TP_STRATEGIES`)."""
 
     NAME: str
-    SUMMARY: str
     RUNG: str | None
     MODE: TpMode  # pipeline: micro-groups with one owner per matrix; duplicated; local
 
@@ -163,7 +163,9 @@ class Plan(_Sized):
     # Per DP rank, the micro-groups its TP group runs (empty unless tp_mode == "pipeline").
     micro_groups: tuple[tuple[MicroGroup, ...], ...]
     plan_seconds: float = 0.0
-    execution: Execution = Execution()
+    # how it runs: None on a plan straight from the planner (`canzona.plan.compose`), which does
+    # not decide it; `canzona.plan.methods.make_plan` adds the trial's (lowering needs it)
+    execution: Execution | None = None
     # Where the costs came from (`planner.cost`): "measured: <calibration cache> (host, device,
     # torch, date)", "roofline: hardware/h100.yaml", ...
     cost_source: str = ""
@@ -215,17 +217,9 @@ class ExpertPlan:
     bucket_size: int
     plan_seconds: float = 0.0
 
-    def placement(self) -> dict[int, tuple[int, int, int | None, int | None]]:
-        """inventory index -> (EP rank, position in that rank's plan, expert-DP owner, expert-TP
-        owner); an owner None: every rank of that axis (sync), or split elementwise (adamw)."""
-        out = {}
-        for e, (index, plan) in enumerate(zip(self.index, self.plans)):
-            for k, i in enumerate(index):
-                out[i] = (e, k, plan.dp_owner[k], plan.tp_owner[k] if plan.uses_matrix_rule(k) else None)
-        return out
-
     def computing_ranks(self, ep_rank: int, dp_owner: int | None, tp_owner: int | None) -> list[int]:
-        """The global ranks that compute (a part of) an update placed so (`placement`)."""
+        """The global ranks that compute (a part of) an update of EP rank ``ep_rank``'s plan owned by
+        expert-DP rank ``dp_owner`` and expert-TP rank ``tp_owner`` (None: every rank of that axis)."""
         lay = self.layout
         return [lay.rank_of(d, ep_rank, t)
                 for d in (range(lay.edp) if dp_owner is None else (dp_owner,))

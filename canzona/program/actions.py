@@ -39,7 +39,6 @@ Axis = Literal["dp", "tp", "world", "edp", "etp"]
 #   coalesced  the same rooted calls issued as one coalesced group (NCCL: one group launch)
 #   all_to_all one all_to_all_single with exact split sizes, then a local sum / placement
 Impl = Literal["even", "padded", "reduce_loop", "coalesced", "all_to_all"]
-IMPLS: tuple[str, ...] = ("even", "padded", "reduce_loop", "coalesced", "all_to_all")
 Ranges = tuple[tuple[int, int], ...]
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}

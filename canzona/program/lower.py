@@ -110,6 +110,9 @@ class _Lowering:
         # reduce gradients even over a group of one (an expert buffer at expert-DP 1 still scales
         # its gradients by 1/DP in its reduction, as Megatron's bucket does)
         self.reduces = plan.dp > 1 or reduce_alone
+        if plan.execution is None:
+            raise ValueError("a plan is lowered with the trial's execution settings: make it with "
+                             "canzona.plan.methods.make_plan, which adds them")
         self.ex = plan.execution
         self.dp, self.tp = plan.dp, plan.tp
         self.grid = plan.rank_layout

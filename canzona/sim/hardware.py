@@ -80,6 +80,9 @@ from canzona.optim.section import OptimizerSection
 
 HARDWARE_DIR = CHECKOUT / "hardware"
 LOCAL_FILE = HARDWARE_DIR / "local.yaml"  # this machine's calibration, if one was made (git-ignored)
+# The hardware file used unless one is named: by a projection (``python -m canzona.sim.simulate``,
+# a ``cluster=simulate`` sweep) and by CUDA plans made where no GPU is visible (``planner.cost_hardware``).
+DEFAULT_HARDWARE = "h100"
 BEFORE_RENAME_DIR = CHECKOUT / "profiles"  # where hardware files lived before they were called that
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
 LEVELS = ("intra", "inter")

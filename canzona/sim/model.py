@@ -62,11 +62,6 @@ class ModelWork:
     forward_flops: float
     tokens: int
 
-    @property
-    def tp_forward_s(self) -> float:
-        """Seconds of the forward's TP all-reduces (0 without TP)."""
-        return sum(t for _, _, t in self.forward_units)
-
 
 def forward_flops(mcfg: ModelConfig, tp: int, micro_batch: int, seq_len: int) -> float:
     """Forward flops per rank: ``2·T·(local weight elements of the matmuls)``, T = micro_batch·seq_len

@@ -26,7 +26,7 @@ from canzona.program.count import count_programs
 from canzona.program.lower import lower
 from canzona.records import PHASES, write_records
 from canzona.sim.claims import PAPER_CLAIMS  # re-exported: the paper's headline, beside projections
-from canzona.sim.hardware import Hardware, load_hardware
+from canzona.sim.hardware import DEFAULT_HARDWARE, Hardware, load_hardware
 from canzona.sim.interpret import ProgramSim
 from canzona.sim.model import ModelWork, forward_flops, model_work
 
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         args = split_argv(argv, flags=("--json",), shorthands=SHORTHANDS,
                           keys=["hardware", *(d.key for d in trial_key_docs())])
         refuse_renamed(RENAMED, args.overrides)
-        hardware = next((v for k, v in args.overrides if k == "hardware"), "h100")
+        hardware = next((v for k, v in args.overrides if k == "hardware"), DEFAULT_HARDWARE)
         cfg = load_config([f"{k}={v}" for k, v in args.overrides if k != "hardware"])
         res = project(cfg, hardware, events="none")
     except ConfigError as e:

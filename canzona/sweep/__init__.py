@@ -14,7 +14,7 @@ under ``results/<sweep>/<run>/``.
 - `bookkeeping`  run folders: status.json, stdout/stderr tails, what a rerun must run.
 - `backend`      what the run loop needs of a cluster (`Backend`).
 - `loop`         the one run loop: status.json per run, progress, failures, Ctrl-C, the closing line.
-- `launch`       the submitit job callable, the local / debug / slurm backends, `make_backend`.
+- `backends`     the submitit job callable, the local / debug / slurm backends, `make_backend`.
 - `handles`      a submitted run: done or not, its error in one line.
 - `slurm_state`  Slurm's end state of a job (CANCELLED, TIMEOUT, ...) for the error.
 - `sbatch`       sbatch scripts of a Slurm dry run.

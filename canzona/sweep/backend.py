@@ -3,7 +3,7 @@
 A backend takes runs and gives back one `canzona.sweep.handles.RunHandle` per run; the loop
 polls the handles and does everything else once, whatever the cluster: the run folders and
 their status.json, progress, failures, Ctrl-C and the closing line. The backends are
-`canzona.sweep.launch` (local processes, submitit in-process, Slurm),
+`canzona.sweep.backends` (local processes, submitit in-process, Slurm),
 `canzona.sweep.project.SimulateBackend` (``cluster=simulate``) and
 `canzona.sweep.dryrun.DryRunBackend` (``cluster=dryrun``).
 """
@@ -32,9 +32,9 @@ class Backend:
     tails = True  # the loop writes stdout.txt / stderr.txt from the handle's logs
     redraw_s = 0.0  # the terminal's status line is redrawn at most this often
 
-    def __init__(self, plan: ExpandedSweep, log_root: Path) -> None:
-        self.plan = plan
-        self.settings: SweepSettings = plan.settings
+    def __init__(self, sweep: ExpandedSweep, log_root: Path) -> None:
+        self.sweep = sweep
+        self.settings: SweepSettings = sweep.settings
         self.log_root = log_root
 
     def open(self, total: int) -> None:

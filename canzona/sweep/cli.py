@@ -28,10 +28,10 @@ from canzona.records import (
 )
 from canzona.sim.hardware import Hardware, load_hardware
 from canzona.sweep import bookkeeping as bk
+from canzona.sweep.backends import backend_class, make_backend, run_stamp, submitit_parameters
 from canzona.sweep.dryrun import memory_table
 from canzona.sweep.expand import expand_sweep
 from canzona.sweep.jobshape import JobShape, slurm_shape
-from canzona.sweep.launch import backend_class, make_backend, run_stamp, submitit_parameters
 from canzona.sweep.lock import ResultsLock
 from canzona.sweep.loop import log_root, run_loop
 from canzona.sweep.progress import summary_table, table
@@ -54,29 +54,29 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
             if len(argv) > 1:
                 raise ConfigError(f"'list' takes no other arguments (got {' '.join(argv[1:])})")
             return list_sweeps(out, configs_dir)
-        plan = expand_sweep(argv, configs_dir)
-        check_environment(plan)
-        if not plan.settings.list:  # a results folder we cannot write: one line, before anything runs
-            writable_folder(plan.settings.results, "results")
-        lock = None if plan.settings.list else ResultsLock(plan.results_dir, [sys.argv[0], *argv])
+        sweep = expand_sweep(argv, configs_dir)
+        check_environment(sweep)
+        if not sweep.settings.list:  # a results folder we cannot write: one line, before anything runs
+            writable_folder(sweep.settings.results, "results")
+        lock = None if sweep.settings.list else ResultsLock(sweep.results_dir, [sys.argv[0], *argv])
         if lock is not None:  # a dry run runs nothing and touches no record: no lock
             lock.acquire()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        return run_sweep(plan, out)
+        return run_sweep(sweep, out)
     finally:
         if lock is not None:
             lock.release()
 
 
-def check_environment(plan: ExpandedSweep) -> None:
-    """What the plan needs from this machine: sbatch for Slurm, a readable hardware file."""
-    s = plan.settings
+def check_environment(sweep: ExpandedSweep) -> None:
+    """What the sweep needs from this machine: sbatch for Slurm, a readable hardware file."""
+    s = sweep.settings
     if s.cluster == "slurm" and not s.list and shutil.which("sbatch") is None:
         raise ConfigError("cluster=slurm needs sbatch on PATH (run on a login node), or add list=true")
-    hardware = plan.sim_hardware  # for every sweep: a profiles/local.yaml of before the rename is one line, exit 2
+    hardware = sweep.sim_hardware  # for every sweep: a profiles/local.yaml of before the rename is one line, exit 2
     if s.sim.hardware or s.cluster == "simulate":
         try:  # a missing or invalid hardware file: one line, exit 2
             load_hardware(hardware)
@@ -95,10 +95,10 @@ def list_sweeps(out: TextIO, configs_dir: Path = CONFIGS_DIR) -> int:
         for prof in sf.profiles or [None]:
             items = [f"sweep={name}"] + ([f"profile={prof}"] if prof else [])
             try:
-                plan = expand_sweep(items + ["list=true"], configs_dir)
-                reps = f" x {plan.repeats} repeats" if plan.repeats > 1 else ""
-                values = {a: list(dict.fromkeys(t.axes[a] for t in plan.trials if a in t.axes)) for a in plan.axes}
-                info = f"{len(plan.trials)} trials{reps}, cluster={plan.settings.cluster}, axes:" + "".join(
+                sweep = expand_sweep(items + ["list=true"], configs_dir)
+                reps = f" x {sweep.repeats} repeats" if sweep.repeats > 1 else ""
+                values = {a: list(dict.fromkeys(t.axes[a] for t in sweep.trials if a in t.axes)) for a in sweep.axes}
+                info = f"{len(sweep.trials)} trials{reps}, cluster={sweep.settings.cluster}, axes:" + "".join(
                     f"\n      {a}={','.join(v)}" for a, v in values.items()
                 )
             except ConfigError as e:
@@ -110,35 +110,35 @@ def list_sweeps(out: TextIO, configs_dir: Path = CONFIGS_DIR) -> int:
 
 
 # --------------------------------------------------------------------------- run
-def run_sweep(plan: ExpandedSweep, out: TextIO) -> int:
-    s = plan.settings
-    rd = plan.results_dir
-    runs = plan.runs()
+def run_sweep(sweep: ExpandedSweep, out: TextIO) -> int:
+    s = sweep.settings
+    rd = sweep.results_dir
+    runs = sweep.runs()
     states = {r.id: bk.trial_state(rd / r.id) for r in runs}
-    sim_hw = load_hardware(plan.sim_hardware) if s.cluster == "simulate" else None
+    sim_hw = load_hardware(sweep.sim_hardware) if s.cluster == "simulate" else None
     restale = []
     if sim_hw is not None:  # projected with another content of the hardware file: stale
-        restale = stale_trials(plan, sim_hw, states)
+        restale = stale_trials(sweep, sim_hw, states)
         states.update({rid: bk.STALE for rid in restale})
     to_run = [r for r in runs if bk.should_run(states[r.id], s.rerun)]
     skipped = len(runs) - len(to_run)
     verb = f"to {backend_class(s).verb}"
-    count = f"{len(plan.trials)} trials" + (f" x {plan.repeats} repeats = {len(runs)} runs" if plan.repeats > 1 else "")
+    count = f"{len(sweep.trials)} trials" + (f" x {sweep.repeats} repeats = {len(runs)} runs" if sweep.repeats > 1 else "")
     head = (
-        f"sweep {plan.sweep}"
-        + (f" profile={plan.profile}" if plan.profile else "")
+        f"sweep {sweep.sweep}"
+        + (f" profile={sweep.profile}" if sweep.profile else "")
         + f" cluster={s.cluster}"
         + (f" sim.hardware={sim_hw.name} ({sim_hw.source})" if sim_hw is not None else "")
         + ": "
         f"{count}, {len(to_run)} {verb}, {skipped} skipped (rerun={s.rerun}) -> {rd}/"
     )
     if s.list:
-        return list_runs(plan, runs, states, to_run, head, out)
+        return list_runs(sweep, runs, states, to_run, head, out)
 
     rd.mkdir(parents=True, exist_ok=True)
     invocation = run_stamp()
     bk.set_invocation(invocation)
-    manifest = _manifest(plan, runs, sim_hw, invocation)
+    manifest = _manifest(sweep, runs, sim_hw, invocation)
     if sim_hw is not None:
         # the hardware file itself, beside the projections it made (provenance); a folder projected
         # before the rename has it as profile.yaml: one copy, under today's name
@@ -161,8 +161,8 @@ def run_sweep(plan: ExpandedSweep, out: TextIO) -> int:
         )
     out.flush()
 
-    backend = make_backend(plan, log_root(rd, invocation), sim_hw)
-    code = run_loop(plan, backend, to_run, skipped, out)
+    backend = make_backend(sweep, log_root(rd, invocation), sim_hw)
+    code = run_loop(sweep, backend, to_run, skipped, out)
     if code == 130:
         return code
     final = {r.id: bk.trial_state(rd / r.id) for r in runs}
@@ -174,32 +174,32 @@ def run_sweep(plan: ExpandedSweep, out: TextIO) -> int:
     atomic_write_json(rd / SWEEP_FILE, manifest)
     failed = any(v != bk.DONE for v in final.values())
     if s.cluster == "dryrun":  # memory per rank, not timings: a table and dryrun.csv, no HTML report
-        print(memory_table(plan, runs), file=out)
+        print(memory_table(sweep, runs), file=out)
         print(rd / DRYRUN_CSV, file=out)
         return 1 if failed else 0
     print(summary_table(rd, runs), file=out)
     out.flush()
-    report_code = build_report(rd, out, hardware=None if sim_hw is not None else _report_hardware(plan, runs, out))
+    report_code = build_report(rd, out, hardware=None if sim_hw is not None else _report_hardware(sweep, runs, out))
     return max(1 if failed else 0, report_code)
 
 
-def _manifest(plan: ExpandedSweep, runs: list[TrialRun], sim_hw: Hardware | None, invocation: str) -> dict:
+def _manifest(sweep: ExpandedSweep, runs: list[TrialRun], sim_hw: Hardware | None, invocation: str) -> dict:
     """sweep.json: what this sweep is, its settings and its trials with their run folders, this
     invocation and every earlier one on this results folder (a resumed sweep)."""
-    earlier = bk.read_json(plan.results_dir / SWEEP_FILE) or {}
+    earlier = bk.read_json(sweep.results_dir / SWEEP_FILE) or {}
     folders: dict[str, list[str]] = {}
     for r in runs:
         folders.setdefault(r.trial.id, []).append(r.id)
     manifest = {
-        "sweep": plan.sweep,
-        "profile": plan.profile,
-        "description": plan.description,
-        "sweep_file": str(plan.path),
-        "cluster": plan.settings.cluster,
+        "sweep": sweep.sweep,
+        "profile": sweep.profile,
+        "description": sweep.description,
+        "sweep_file": str(sweep.path),
+        "cluster": sweep.settings.cluster,
         "started": bk.now(),
-        "settings": asdict(plan.settings),
-        "repeats": plan.repeats,
-        "trials": [{"id": t.id, "axes": t.axes, "runs": sorted(folders[t.id])} for t in plan.trials],
+        "settings": asdict(sweep.settings),
+        "repeats": sweep.repeats,
+        "trials": [{"id": t.id, "axes": t.axes, "runs": sorted(folders[t.id])} for t in sweep.trials],
         "order": [r.id for r in runs],
         "invocation": invocation,
         "invocations": [*earlier.get("invocations", []), invocation],
@@ -212,12 +212,12 @@ def _manifest(plan: ExpandedSweep, runs: list[TrialRun], sim_hw: Hardware | None
 
 # --------------------------------------------------------------------------- list=true
 def list_runs(
-    plan: ExpandedSweep, runs: list[TrialRun], states: dict[str, str], to_run: list[TrialRun], head: str, out: TextIO
+    sweep: ExpandedSweep, runs: list[TrialRun], states: dict[str, str], to_run: list[TrialRun], head: str, out: TextIO
 ) -> int:
-    s = plan.settings
+    s = sweep.settings
     print(f"[list] {head}", file=out)
     run_ids = {r.id for r in to_run}
-    header = ["run" if plan.repeats > 1 else "trial", "axes", "ranks", "state", "action"]
+    header = ["run" if sweep.repeats > 1 else "trial", "axes", "ranks", "state", "action"]
     rows = [
         [r.id, r.trial.label(), str(r.world_size), states[r.id], "run" if r.id in run_ids else "skip"]
         for r in runs
@@ -230,7 +230,7 @@ def list_runs(
     shapes: dict[JobShape, list[TrialRun]] = {}
     for r in to_run:
         shapes.setdefault(slurm_shape(r.cfg, s.slurm), []).append(r)
-    name = s.slurm.job_name or f"canzona-{plan.sweep}"
+    name = s.slurm.job_name or f"canzona-{sweep.sweep}"
     for shape, members in shapes.items():
         kind = "job array" if s.slurm.array and len(members) > 1 else "job" if len(members) == 1 else "jobs"
         print(
@@ -242,7 +242,7 @@ def list_runs(
     if not to_run:
         print("[list] no sbatch scripts: nothing to run", file=out)
         return 0
-    sbatch_dir = write_sbatch_files(plan, to_run)
+    sbatch_dir = write_sbatch_files(sweep, to_run)
     print(
         f"[list] wrote {len(to_run)} sbatch scripts + submit_all.sh to {sbatch_dir}/ (the only files list=true writes)",
         file=out,
@@ -251,13 +251,13 @@ def list_runs(
 
 
 # --------------------------------------------------------------------------- report
-def _report_hardware(plan: ExpandedSweep, runs: list[TrialRun], out: TextIO) -> str | None:
+def _report_hardware(sweep: ExpandedSweep, runs: list[TrialRun], out: TextIO) -> str | None:
     """The hardware file a measured sweep's report predicts its trials with: ``sim.hardware``, else
     hardware/local.yaml, else -- trials run on this machine (cluster=local) with
     ``sim.calibrate`` -- this machine's own calibration (`canzona.calibrate.machine`), made once."""
-    s = plan.settings
-    if plan.sim_hardware is not None or s.cluster != "local" or not s.sim.calibrate:  # given, or local.yaml
-        return plan.sim_hardware
+    s = sweep.settings
+    if sweep.sim_hardware is not None or s.cluster != "local" or not s.sim.calibrate:  # given, or local.yaml
+        return sweep.sim_hardware
     threads = {r.trial.cfg.dist.threads_per_rank for r in runs}
     threads_per_rank = next(iter(threads)) if len(threads) == 1 and isinstance(next(iter(threads)), int) else 1
     try:

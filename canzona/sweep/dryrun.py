@@ -70,8 +70,8 @@ class DryRunBackend(Backend):
     tails = False  # the ranks' output is in dryrun.txt
     redraw_s = 2.0
 
-    def __init__(self, plan: ExpandedSweep, log_root: Path) -> None:
-        super().__init__(plan, log_root)
+    def __init__(self, sweep: ExpandedSweep, log_root: Path) -> None:
+        super().__init__(sweep, log_root)
         self.cores = rank_slots()
         self.slots = threading.BoundedSemaphore(self.cores)  # one per core, shared by every trial's ranks
         self._pool: ThreadPoolExecutor | None = None
@@ -101,10 +101,10 @@ class DryRunBackend(Backend):
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def memory_table(plan: ExpandedSweep, runs: list[TrialRun]) -> str:
+def memory_table(sweep: ExpandedSweep, runs: list[TrialRun]) -> str:
     """Per trial: world, the largest dry-run peak per rank, fits 80 GB / 141 GB; also written
     to ``dryrun.csv`` in the results folder. Returns the table's text."""
-    rd = plan.results_dir
+    rd = sweep.results_dir
     rows = []
     for r in runs:
         summary = bk.load_summary(rd / r.id) or {}

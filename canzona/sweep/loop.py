@@ -29,10 +29,10 @@ from canzona.sweep.trials import ExpandedSweep, TrialRun
 INTERRUPTED = "interrupted (sweep stopped by the user)"
 
 
-def run_loop(plan: ExpandedSweep, backend: Backend, to_run: list[TrialRun], skipped: int, out: TextIO) -> int:
+def run_loop(sweep: ExpandedSweep, backend: Backend, to_run: list[TrialRun], skipped: int, out: TextIO) -> int:
     """Run `to_run` on `backend` into the sweep folder; 0 (failures are recorded per run), or
     130 if interrupted."""
-    rd = plan.results_dir.resolve()
+    rd = sweep.results_dir.resolve()
     b = backend
     if not to_run:
         print(f"[sweep] nothing to {b.verb}: every {b.noun} is already recorded (rerun=all to {b.verb} them again)",
@@ -73,7 +73,7 @@ def run_loop(plan: ExpandedSweep, backend: Backend, to_run: list[TrialRun], skip
                     running.remove(h)
             progress.refresh()
             if running and not finished:
-                b.wait(running, plan.settings.poll_s)
+                b.wait(running, sweep.settings.poll_s)
     except KeyboardInterrupt:
         for h in running:
             h.cancel()

@@ -56,14 +56,14 @@ def _project_one(config: dict[str, Any], out: str) -> str | None:
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:2000]
 
 
-def stale_trials(plan: ExpandedSweep, hardware: Hardware, states: dict[str, str]) -> list[str]:
+def stale_trials(sweep: ExpandedSweep, hardware: Hardware, states: dict[str, str]) -> list[str]:
     """Runs recorded done whose projection came from another content of the hardware file
     (summaries of any age: `canzona.records.read_summary`)."""
     out = []
-    for t in plan.runs():
+    for t in sweep.runs():
         if states.get(t.id) != bk.DONE:
             continue
-        summary = bk.load_summary(plan.results_dir / t.id) or {}
+        summary = bk.load_summary(sweep.results_dir / t.id) or {}
         if (
             summary.get("projected")
             and (summary.get("hardware") or {}).get("fingerprint") != hardware.fingerprint
@@ -72,8 +72,8 @@ def stale_trials(plan: ExpandedSweep, hardware: Hardware, states: dict[str, str]
     return out
 
 
-def _workers(plan: ExpandedSweep, n: int) -> int:
-    w = plan.settings.sim.workers or (os.cpu_count() or 1)
+def _workers(sweep: ExpandedSweep, n: int) -> int:
+    w = sweep.settings.sim.workers or (os.cpu_count() or 1)
     return max(1, min(w, n))
 
 
@@ -91,13 +91,13 @@ class SimulateBackend(Backend):
     tails = False  # no launcher logs: a failed projection leaves its traceback in stderr.txt itself
     redraw_s = 2.0  # a projection is 100+ trials in seconds
 
-    def __init__(self, plan: ExpandedSweep, log_root: Path, hardware: Hardware) -> None:
-        super().__init__(plan, log_root)
+    def __init__(self, sweep: ExpandedSweep, log_root: Path, hardware: Hardware) -> None:
+        super().__init__(sweep, log_root)
         self.hardware = hardware
         self._pool: ProcessPoolExecutor | None = None
 
     def open(self, total: int) -> None:
-        self.capacity = _workers(self.plan, total)
+        self.capacity = _workers(self.sweep, total)
         if self.capacity == 1:
             _init(self.hardware)
         else:

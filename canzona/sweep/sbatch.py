@@ -26,15 +26,15 @@ def checkout_pythonpath_line() -> str:
     return f'export PYTHONPATH={shlex.quote(str(CHECKOUT))}"${{PYTHONPATH:+:$PYTHONPATH}}"'
 
 
-def render_sbatch(plan: ExpandedSweep, run: TrialRun, run_dir: Path, sbatch_dir: Path) -> str:
-    s = plan.settings.slurm
+def render_sbatch(sweep: ExpandedSweep, run: TrialRun, run_dir: Path, sbatch_dir: Path) -> str:
+    s = sweep.settings.slurm
     shape = slurm_shape(run.cfg, s)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
-    name = f"{s.job_name or 'canzona-' + plan.sweep}-{run.id}"
+    name = f"{s.job_name or 'canzona-' + sweep.sweep}-{run.id}"
     return env.get_template("sbatch.sh.j2").render(
         job_name=name,
         nodes=shape.nodes,
@@ -58,15 +58,15 @@ def render_sbatch(plan: ExpandedSweep, run: TrialRun, run_dir: Path, sbatch_dir:
     )
 
 
-def write_sbatch_files(plan: ExpandedSweep, runs: list[TrialRun]) -> Path:
+def write_sbatch_files(sweep: ExpandedSweep, runs: list[TrialRun]) -> Path:
     """results/<sweep>/sbatch/<run id>.sh for each run + submit_all.sh; old *.sh removed."""
-    rd = plan.results_dir.resolve()
+    rd = sweep.results_dir.resolve()
     sbatch_dir = rd / "sbatch"
     sbatch_dir.mkdir(parents=True, exist_ok=True)
     for old in sbatch_dir.glob("*.sh"):
         old.unlink()
     for r in runs:
-        atomic_write_text(sbatch_dir / f"{r.id}.sh", render_sbatch(plan, r, rd / r.id, sbatch_dir))
+        atomic_write_text(sbatch_dir / f"{r.id}.sh", render_sbatch(sweep, r, rd / r.id, sbatch_dir))
     lines = [
         "#!/bin/bash",
         "# Submit every trial of this dry run by hand: bash submit_all.sh",

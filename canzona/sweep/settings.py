@@ -22,7 +22,6 @@ from canzona.schema_doc import check_choices, key_docs, setting
 CLUSTERS = ("local", "debug", "slurm", "simulate", "dryrun")
 RERUN = ("failed", "all", "none")
 LOCAL_MODES = ("worker", "spawn", "tasks")
-DEFAULT_SIM_HARDWARE = "h100"
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 
 from canzona.config import TrialConfig
 from canzona.sweep.ids import run_id
-from canzona.sweep.settings import DEFAULT_SIM_HARDWARE, SweepSettings
+from canzona.sweep.settings import SweepSettings
 
 
 @dataclass
@@ -80,7 +80,7 @@ class ExpandedSweep:
     def runs(self) -> list[TrialRun]:
         """Every run, in the order they are launched: repetition by repetition; within one, the
         trials of a point (same model, layout and training settings) back to back, those that
-        differ only in their method next to each other, in the plan's order in odd repetitions
+        differ only in their method next to each other, in the sweep's order in odd repetitions
         and reversed in even ones (A B C, C B A, A B C, ...).
 
         Load on a shared machine drifts; a method whose runs all fell in a slow stretch would
@@ -121,13 +121,14 @@ class ExpandedSweep:
 
     @property
     def sim_hardware(self) -> str | None:
-        """The hardware of this sweep: ``sim.hardware`` if given; else h100 for cluster=simulate,
-        hardware/local.yaml (if it exists) for the report of a measured sweep."""
+        """The hardware of this sweep: ``sim.hardware`` if given; else the default (h100) for
+        cluster=simulate, hardware/local.yaml (if it exists) for the report of a measured sweep."""
+        from canzona.sim.hardware import DEFAULT_HARDWARE, local_file
+
         if self.settings.sim.hardware:
             return self.settings.sim.hardware
         if self.settings.cluster == "simulate":
-            return DEFAULT_SIM_HARDWARE
-        from canzona.sim.hardware import local_file
+            return DEFAULT_HARDWARE
 
         local = local_file()
         return str(local) if local is not None else None

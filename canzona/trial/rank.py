@@ -32,7 +32,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
     from canzona.program.count import count_programs
     from canzona.program.lower import lower
     from canzona.records import atomic_torch_save, write_records
-    from canzona.trial.costs import shared_plan
+    from canzona.trial.shared_plan import shared_plan
     from canzona.trial.summary import peak_memory_mb, program_check, summarise
     from canzona.trial.trace import chrome_trace
 

@@ -1,5 +1,5 @@
 """Under an external launch every rank runs rank 0's plan, made with its costs, even when another rank's
-calibration cache holds other numbers (another node, another cache): `canzona.trial.costs`."""
+calibration cache holds other numbers (another node, another cache): `canzona.trial.shared_plan`."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _ranks_plan(rank: int, world: int, dirs: list[str]) -> dict[str, Any]:
     import torch.distributed as dist
 
     from canzona.plan.methods import make_plan
-    from canzona.trial.costs import shared_plan
+    from canzona.trial.shared_plan import shared_plan
 
     os.environ[cache.ENV] = dirs[rank]
     dist.init_process_group("gloo", rank=rank, world_size=world)

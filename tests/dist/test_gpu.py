@@ -37,11 +37,13 @@ def _grads(specs, step: int, dp_rank: int) -> dict[str, torch.Tensor]:
 def _step_parity_worker(rank: int, world: int, dp: int) -> dict:
     """fp32 step parity on CUDA: the runtime's parameters equal the single-process reference's
     (also on CUDA) after 3 steps of rank-dependent gradients, for every method."""
+    from full_tensors import init_full_state_dict
+
     from canzona.config import load_config
     from canzona.executor.runtime import Runtime
     from canzona.executor.timing import StepTimer
     from canzona.model.parallel import init_parallel
-    from canzona.model.qwen3 import build_model, full_state_dict, init_full_state_dict
+    from canzona.model.qwen3 import build_model, full_state_dict
     from canzona.optim.owner import ReferenceOptimizer
     from canzona.plan.methods import make_plan
     from canzona.program.check import compare_recorded

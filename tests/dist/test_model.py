@@ -177,7 +177,9 @@ def test_data_dp_split_equals_global_rows():
 
 
 def test_init_is_tp_independent():
-    from canzona.model.qwen3 import init_full_state_dict, init_shard
+    from full_tensors import init_full_state_dict
+
+    from canzona.model.qwen3 import init_shard
 
     cfg = _cfg("untied")
     full = init_full_state_dict(cfg, SEED)
@@ -193,8 +195,9 @@ def test_init_is_tp_independent():
 
 @pytest.mark.parametrize("key", list(CONFIGS))
 def test_names_shapes_reference_and_roundtrip(single_rank, key):
-    from canzona.model import build_model, full_state_dict, load_full_state_dict
-    from canzona.model.qwen3 import init_full_state_dict
+    from full_tensors import init_full_state_dict, load_full_state_dict
+
+    from canzona.model import build_model, full_state_dict
 
     cfg = _cfg(key)
     model = build_model(cfg, device="cpu", seed=SEED)
@@ -243,15 +246,9 @@ def test_fused_split_check_can_fail(single_rank):
 
 def _two_rank_worker(rank: int, world: int) -> dict:
     import torch.distributed as dist
+    from full_tensors import full_grad_dict, load_full_state_dict
 
-    from canzona.model import (
-        build_model,
-        destroy_parallel,
-        full_grad_dict,
-        full_state_dict,
-        init_parallel,
-        load_full_state_dict,
-    )
+    from canzona.model import build_model, destroy_parallel, full_state_dict, init_parallel
 
     out: dict = {}
     ctx = init_parallel(2, "gloo", 30.0)
@@ -316,7 +313,7 @@ def two_rank_results():
 @pytest.mark.slow
 @pytest.mark.parametrize("key", list(CONFIGS))
 def test_tp2_names_shapes_and_init(two_rank_results, key):
-    from canzona.model.qwen3 import init_full_state_dict
+    from full_tensors import init_full_state_dict
 
     r0, r1 = (r[key] for r in two_rank_results)
     assert r0["local"] == r0["want_local"] == r1["local"]

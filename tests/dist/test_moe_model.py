@@ -59,8 +59,9 @@ def _groups(ctx) -> dict:
 
 
 def _ep_run(ctx) -> dict:
-    from canzona.model import build_model, full_grad_dict, full_state_dict, load_full_state_dict
-    from canzona.model.qwen3 import init_full_state_dict
+    from full_tensors import full_grad_dict, init_full_state_dict, load_full_state_dict
+
+    from canzona.model import build_model, full_state_dict
 
     model = build_model(CFG, seed=SEED, sequence_parallel=ctx.tp > 1)
     init = init_full_state_dict(CFG, SEED)
@@ -82,7 +83,9 @@ def _ep_run(ctx) -> dict:
 
 def _reference(rank: int, world: int) -> dict:
     """The whole model (tp=1, ep=1) on this rank's rows of a dp=world split."""
-    from canzona.model import build_model, full_grad_dict, load_full_state_dict
+    from full_tensors import full_grad_dict, load_full_state_dict
+
+    from canzona.model import build_model
 
     model = build_model(CFG, seed=SEED)
     load_full_state_dict(model, rich_weights(CFG, SEED))

@@ -98,9 +98,10 @@ def moe_results(request):
 
 
 def _reference(method: str, optimizer: str, dp: int, tp: int, ep: int, etp: int) -> tuple:
+    from full_tensors import init_full_state_dict
+
     from canzona.config import load_config
     from canzona.inventory import build_inventory
-    from canzona.model.qwen3 import init_full_state_dict
     from canzona.optim.owner import ReferenceOptimizer
     from canzona.plan.methods import make_plan
 
@@ -207,7 +208,7 @@ def test_moe_trials_train_as_single_process(tmp_path) -> None:
         out = tmp_path / name
         summaries[name] = run_trial(load_config([*TRAIN, *layout, f"save_params={out}/p.pt"]), out)
         got[name] = torch.load(out / "p.pt")
-    from canzona.model.qwen3 import init_full_state_dict
+    from full_tensors import init_full_state_dict
 
     init = init_full_state_dict(load_config(TRAIN).model_cfg(), 7)
     moved = global_rel(init, got["single"])

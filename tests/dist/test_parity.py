@@ -110,11 +110,13 @@ def _combos(wide: bool = False, dp: int = 1, tp: int = 1) -> list[tuple[str, str
 
 
 def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> dict:
+    from full_tensors import init_full_state_dict
+
     from canzona.config import load_config
     from canzona.executor.runtime import Runtime
     from canzona.executor.timing import StepTimer
     from canzona.model.parallel import init_parallel
-    from canzona.model.qwen3 import build_model, full_state_dict, init_full_state_dict
+    from canzona.model.qwen3 import build_model, full_state_dict
     from canzona.optim.owner import ReferenceOptimizer
     from canzona.plan.methods import make_plan
     from canzona.program.check import compare_recorded
@@ -452,7 +454,7 @@ def test_activation_recomputation_trains_bit_for_bit_as_without(tmp_path) -> Non
 
 
 def init_params(cfg) -> dict[str, torch.Tensor]:
-    from canzona.model.qwen3 import init_full_state_dict
+    from full_tensors import init_full_state_dict
 
     return init_full_state_dict(cfg.model_cfg(), cfg.train.seed)
 

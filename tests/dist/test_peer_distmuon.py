@@ -97,8 +97,9 @@ def _ulp(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_step_parity_dist_muon_equals_torch_muon_and_the_harness(run_ranks) -> None:
+    from full_tensors import init_full_state_dict
+
     from canzona.inventory import build_inventory
-    from canzona.model.qwen3 import init_full_state_dict
     from canzona.optim.muon import lr_scale
     from canzona.optim.owner import ReferenceOptimizer
 
@@ -164,7 +165,8 @@ def _harness(tmp_path, extra: list[str], dp: int) -> dict:
 
 
 def test_one_training_step_equals_the_harness_dp2_run(tmp_path) -> None:
-    from canzona.model.qwen3 import init_full_state_dict
+    from full_tensors import init_full_state_dict
+
     from canzona.optim.muon import lr_scale
     from canzona.records import STEP_FIELDS
 
@@ -199,7 +201,7 @@ def test_three_training_steps_as_close_to_single_process_as_the_harness(tmp_path
     got, result = _peer(tmp_path / "peer", extra)
     single = _harness(tmp_path / "single", extra, 1)
     harness_dp2 = _harness(tmp_path / "dp2", extra, 2)
-    from canzona.model.qwen3 import init_full_state_dict
+    from full_tensors import init_full_state_dict
 
     cfg = _cfg(extra)
     peer_err, harness_err = global_rel(got, single), global_rel(harness_dp2, single)

@@ -23,9 +23,10 @@ TRAIN = ["model=mlm-moe-gpt", "model.width_div=4", "model.num_layers=2", "model.
 
 
 def test_gpt_moe_spec_with_dense_layer_and_shared_expert_trains_as_single_process(tmp_path) -> None:
+    from full_tensors import init_full_state_dict
+
     from canzona.config import load_config
     from canzona.inventory import build_inventory
-    from canzona.model.qwen3 import init_full_state_dict
     from canzona.run import run_trial
 
     layouts = {"single": ["train.micro_batch=4"],

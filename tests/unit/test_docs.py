@@ -3,10 +3,17 @@
 - README.md is at most 220 lines (the front page; the rest is in docs/).
 - Every relative link and image in README.md and docs/*.md names a file that exists (its
   ``#anchor`` aside); links to the web and to anchors of the same page are not checked.
+- Names say what they hold, as docs/usage.md § Words and docs/design.md § 4 say: every strategy
+  is one module of `canzona.plan.strategies` named as the strategy (PEP 8's trailing underscore
+  where the name is a Python keyword: ``async`` is ``async_.py``), and the registry lists each;
+  an expanded sweep (`ExpandedSweep`, not a `Plan`) is a parameter named ``sweep`` wherever one
+  is taken.
 """
 
 from __future__ import annotations
 
+import ast
+import keyword
 import re
 from pathlib import Path
 
@@ -56,3 +63,49 @@ def test_the_link_finder_finds_links() -> None:
     text = ("see [usage](docs/usage.md#reports), ![shot](img/a.png \"title\"), [web](https://x.org), "
             "[here](#top), `[not](code.md)`\n```\n[nor](block.md)\n```\n")
     assert relative_links(text) == ["docs/usage.md#reports", "img/a.png"]
+
+
+def _module_name(strategy: str) -> str:
+    """The module a strategy named ``strategy`` lives in (PEP 8: ``async`` -> ``async_``)."""
+    return f"{strategy}_" if keyword.iskeyword(strategy) else strategy
+
+
+def test_every_strategy_module_is_named_as_its_strategy_and_registered() -> None:
+    import importlib
+
+    from canzona.plan.registry import DP_STRATEGIES, TP_STRATEGIES
+
+    folder = ROOT / "canzona" / "plan" / "strategies"
+    stems = sorted(f.stem for f in folder.glob("*.py") if f.stem != "__init__")
+    for stem in stems:
+        module = importlib.import_module(f"canzona.plan.strategies.{stem}")
+        assert stem == _module_name(module.NAME), f"{stem}.py holds the strategy {module.NAME!r}"
+    registered = [*DP_STRATEGIES.values(), *TP_STRATEGIES.values()]
+    assert sorted(m.__name__.rsplit(".", 1)[1] for m in registered) == stems
+    assert all(_module_name(name) == m.__name__.rsplit(".", 1)[1]
+               for name, m in [*DP_STRATEGIES.items(), *TP_STRATEGIES.items()])
+    assert not (ROOT / "baselines").exists(), "the strategies live in one package, canzona/plan/strategies"
+
+
+def _annotated_parameters(tree: ast.AST, type_name: str) -> list[tuple[str, int]]:
+    """(name, line) of every function parameter whose annotation mentions ``type_name``."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+                if arg.annotation is not None and type_name in ast.unparse(arg.annotation):
+                    out.append((arg.arg, arg.lineno))
+    return out
+
+
+def test_an_expanded_sweep_is_called_sweep() -> None:
+    """docs/usage.md § Words: an expanded sweep is not a `Plan`, so no parameter holding one is
+    called ``plan``; each is ``sweep``."""
+    found, wrong = 0, []
+    for f in sorted([*(ROOT / "canzona").rglob("*.py"), *(ROOT / "analysis").rglob("*.py")]):
+        for name, line in _annotated_parameters(ast.parse(f.read_text()), "ExpandedSweep"):
+            found += 1
+            if name != "sweep":
+                wrong.append(f"{f.relative_to(ROOT)}:{line} {name}")
+    assert found >= 10 and not wrong, wrong

@@ -37,14 +37,14 @@ from unittest import mock
 import pytest
 import torch
 
-from baselines import layerwise as layerwise_strategy
-from baselines import zero1_atomic
 from canzona.config import load_config
 from canzona.cost import NumelCost
 from canzona.inventory import QWEN3, ModelConfig, ParamSpec, build_inventory
 from canzona.plan.buckets import BufferLayout
 from canzona.plan.dp import atomic_cuts, equal_cuts, owners_from_ranges, ranges_from_cuts
 from canzona.plan.methods import plan_inputs
+from canzona.plan.strategies import layerwise as layerwise_strategy
+from canzona.plan.strategies import zero1_atomic
 from canzona.plan.types import PlanInputs
 
 pytest.importorskip("megatron.core")

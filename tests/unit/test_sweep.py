@@ -15,12 +15,12 @@ import pytest
 from canzona.config import load_config
 from canzona.errors import ConfigError
 from canzona.sweep import bookkeeping as bk
+from canzona.sweep.backends import parse_extra_sbatch
 from canzona.sweep.cli import build_report, main
 from canzona.sweep.expand import expand_sweep
 from canzona.sweep.handles import headline
 from canzona.sweep.ids import run_id, trial_id
 from canzona.sweep.keys import config_overrides, split_top_commas
-from canzona.sweep.launch import parse_extra_sbatch
 from canzona.sweep.procs import kill_descendants
 from canzona.sweep.progress import Progress, summary_table
 from canzona.sweep.settings import time_minutes

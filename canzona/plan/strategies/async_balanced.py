@@ -13,7 +13,6 @@ from canzona.plan.tp import MicroGroup, schedule
 from canzona.plan.types import PlanInputs
 
 NAME = "async_balanced"
-SUMMARY = "micro-group pipeline, one owner per matrix, groups balanced over the TP ranks (Canzona)"
 RUNG = "1_1"  # the authors' USE_TP_ASYNC_OPT=1, USE_TP_BALANCED_OPT=1
 MODE = "pipeline"
 

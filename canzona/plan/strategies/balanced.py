@@ -16,7 +16,6 @@ from canzona.plan.loads import owner_loads
 from canzona.plan.types import DpLayout, Plan, PlanInputs
 
 NAME = "balanced"
-SUMMARY = "ZeRO-1 shards cut at parameter boundaries, sized by LPT on the optimizer's cost (Canzona)"
 RUNG = "1_1"  # the authors' USE_DP_ASYNC_OPT=1, USE_DP_BALANCED_OPT=1
 ELEMENTWISE_ONLY = False
 

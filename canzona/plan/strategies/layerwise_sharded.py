@@ -81,9 +81,6 @@ from canzona.plan.buckets import (
 from canzona.plan.types import DpLayout, PlanInputs
 
 NAME = "layerwise_sharded"
-SUMMARY = ("megatron-core 0.19's layer-wise optimizer: whole matrices dealt per shard-aligned bucket by LPT on numel "
-           "(reduce-scatter in Megatron's own buffer where a plan carries one; else all-reduce and a padded all-gather of "
-           "the owned params)")
 RUNG = None
 ELEMENTWISE_ONLY = False
 

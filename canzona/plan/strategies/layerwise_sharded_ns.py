@@ -9,8 +9,6 @@ from canzona.plan.strategies.layerwise_sharded import layout_for
 from canzona.plan.types import DpLayout, PlanInputs
 
 NAME = "layerwise_sharded_ns"
-SUMMARY = ("Megatron-LM main's layer-wise optimizer: whole matrices dealt per shard-aligned bucket by Newton-Schulz "
-           "cost (max·min²), as layerwise_sharded otherwise")
 RUNG = None
 ELEMENTWISE_ONLY = False
 

@@ -10,7 +10,6 @@ from canzona.plan.tp import MicroGroup
 from canzona.plan.types import PlanInputs
 
 NAME = "local"
-SUMMARY = "each TP rank updates its own shard elementwise (no TP communication; AdamW only at TP > 1)"
 RUNG = None
 MODE = "local"
 

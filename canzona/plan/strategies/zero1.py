@@ -11,7 +11,6 @@ from canzona.plan import dp as dpmod
 from canzona.plan.types import DpLayout, PlanInputs
 
 NAME = "zero1"
-SUMMARY = "Megatron's ZeRO-1: equal shards, elementwise update of each rank's shard (AdamW only)"
 RUNG = None
 ELEMENTWISE_ONLY = True  # equal shards cut matrices: every param gets the elementwise rule
 

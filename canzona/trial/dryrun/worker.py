@@ -31,8 +31,7 @@ def describe(rank: int, grid: RankLayout, e: BaseException) -> str:
     """One line: the rank, what went wrong and where in the harness."""
     first = (str(e).strip().splitlines() or [""])[0]
     frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if ("/canzona/" in f.filename or "/baselines/" in f.filename)
-              and "/trial/dryrun/" not in f.filename and not f.filename.endswith("dist_rules.py")]
+              if "/canzona/" in f.filename and "/trial/dryrun/" not in f.filename and not f.filename.endswith("dist_rules.py")]
     where = ""
     if frames:
         f = frames[-1]

@@ -12,7 +12,6 @@ from canzona.plan import dp as dpmod
 from canzona.plan.types import DpLayout, PlanInputs
 
 NAME = "ddp"
-SUMMARY = "all-reduce of gradients; every DP rank computes every update (no parameter sync)"
 RUNG = "0_0"  # the authors' USE_DP_ASYNC_OPT=0
 ELEMENTWISE_ONLY = False
 

@@ -21,8 +21,6 @@ from canzona.inventory import ParamSpec
 from canzona.plan.types import DpLayout, PlanInputs
 
 NAME = "layerwise"
-SUMMARY = ("all-reduce; whole params dealt to DP ranks ping-pong in ascending numel (megatron-core 0.16); "
-           "padded all-gather of the owned params")
 RUNG = None
 ELEMENTWISE_ONLY = False
 

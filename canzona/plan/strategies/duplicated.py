@@ -12,7 +12,6 @@ from canzona.plan.tp import MicroGroup
 from canzona.plan.types import PlanInputs
 
 NAME = "duplicated"
-SUMMARY = "every TP rank all-gathers each matrix and computes the same update, keeping its slice"
 RUNG = "0_0"  # the authors' USE_TP_ASYNC_OPT=0 (--use-tp-sync-opt)
 MODE = "duplicated"
 

@@ -28,8 +28,6 @@ from canzona.plan.buckets import bucket_size_of, join_buffers
 from canzona.plan.types import DpLayout, PlanInputs
 
 NAME = "zero1_atomic"
-SUMMARY = ("ZeRO-1 with whole-tensor ownership in the authors' layout (the matrix optimizer's params in a buffer of "
-           "their own): a matrix belongs to the rank whose equal shard holds its first element")
 RUNG = "1_0"  # the authors' USE_DP_ASYNC_OPT=1, USE_DP_BALANCED_OPT=0
 ELEMENTWISE_ONLY = False
 

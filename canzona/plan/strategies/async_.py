@@ -12,7 +12,6 @@ from canzona.plan.tp import MicroGroup, schedule
 from canzona.plan.types import PlanInputs
 
 NAME = "async"
-SUMMARY = "micro-group pipeline, one owner per matrix, chunks of TP matrices in buffer order, round-robin owners"
 RUNG = "1_0"  # the authors' USE_TP_ASYNC_OPT=1, USE_TP_BALANCED_OPT=0
 MODE = "pipeline"
 

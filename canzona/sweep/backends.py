@@ -108,9 +108,9 @@ def task_config(run: TrialRun, run_dir: Path) -> dict[str, Any]:
 class LocalBackend(Backend):
     cluster = "local"
 
-    def __init__(self, plan: ExpandedSweep, log_root: Path) -> None:
-        super().__init__(plan, log_root)
-        self.capacity = plan.settings.local.parallel
+    def __init__(self, sweep: ExpandedSweep, log_root: Path) -> None:
+        super().__init__(sweep, log_root)
+        self.capacity = sweep.settings.local.parallel
 
     def describe(self) -> str:
         return f", {self.capacity} at a time" if self.capacity > 1 else ""
@@ -197,8 +197,8 @@ class WorkerBackend(LocalBackend):
     """``local.mode=worker``: up to ``local.parallel`` long-lived `Worker` processes, each
     running one run at a time (see `canzona.sweep.worker` for why)."""
 
-    def __init__(self, plan: ExpandedSweep, log_root: Path) -> None:
-        super().__init__(plan, log_root)
+    def __init__(self, sweep: ExpandedSweep, log_root: Path) -> None:
+        super().__init__(sweep, log_root)
         self._idle: list[Worker] = []
         self._all: list[Worker] = []
 
@@ -303,13 +303,13 @@ def submitit_parameters(settings: SweepSettings, shape: JobShape, name: str) -> 
 class SlurmBackend(Backend):
     cluster = "slurm"
 
-    def __init__(self, plan: ExpandedSweep, log_root: Path) -> None:
-        super().__init__(plan, log_root)
+    def __init__(self, sweep: ExpandedSweep, log_root: Path) -> None:
+        super().__init__(sweep, log_root)
         # Slurm's view of our jobs, for those that end without a result (scancel, time limit)
-        self.states = SlurmStates(interval_s=max(5.0, plan.settings.poll_s))
+        self.states = SlurmStates(interval_s=max(5.0, sweep.settings.poll_s))
 
     def job_name(self) -> str:
-        return self.settings.slurm.job_name or f"canzona-{self.plan.sweep}"
+        return self.settings.slurm.job_name or f"canzona-{self.sweep.sweep}"
 
     def _executor(self, shape: JobShape) -> submitit.AutoExecutor:
         kwargs: dict[str, Any] = {"slurm_max_num_timeout": 0}
@@ -374,14 +374,14 @@ def backend_class(settings: SweepSettings) -> type[Backend]:
             "dryrun": DryRunBackend}[settings.cluster]
 
 
-def make_backend(plan: ExpandedSweep, log_root: Path, sim_hardware: Hardware | None = None) -> Backend:
-    """The plan's backend; `sim_hardware`: the hardware a ``cluster=simulate`` sweep projects with."""
-    cls = backend_class(plan.settings)
+def make_backend(sweep: ExpandedSweep, log_root: Path, sim_hardware: Hardware | None = None) -> Backend:
+    """The sweep's backend; `sim_hardware`: the hardware a ``cluster=simulate`` sweep projects with."""
+    cls = backend_class(sweep.settings)
     if cls is SimulateBackend:
         if sim_hardware is None:
             raise ValueError("cluster=simulate needs the hardware to project with")
-        return SimulateBackend(plan, log_root, sim_hardware)
-    return cls(plan, log_root)
+        return SimulateBackend(sweep, log_root, sim_hardware)
+    return cls(sweep, log_root)
 
 
 def run_stamp() -> str:
