@@ -327,7 +327,9 @@ class SlurmBackend(Backend):
         for shape, members in groups.items():
             try:
                 ex = self._executor(shape)
-                tasks = [TrialTask(task_config(t, d), str(d), "rank") for t, d in members]
+                # one task per rank; a peer's one task starts its ranks itself
+                tasks = [TrialTask(task_config(t, d), str(d), "spawn" if t.cfg.method.peer else "rank")
+                         for t, d in members]
                 if self.settings.slurm.array and len(members) > 1:
                     with ex.batch():
                         jobs = [ex.submit(task) for task in tasks]

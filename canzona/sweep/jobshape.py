@@ -21,8 +21,17 @@ class JobShape:
 
 
 def slurm_shape(cfg: TrialConfig, s: SlurmSettings) -> JobShape:
-    """Nodes x tasks per node for one trial: one task per rank, whole nodes only."""
+    """Nodes x tasks per node for one trial: one task per rank, whole nodes only. A peer
+    (`canzona.peers`) starts its own ranks: one task on one node, with a GPU and
+    ``slurm.cpus_per_task`` CPUs per rank."""
     world = cfg.world_size
+    if cfg.method.peer:
+        if s.gpus_per_node and world > s.gpus_per_node:
+            raise ConfigError(
+                f"method={cfg.method.name} is a peer, which starts its {world} ranks on one node; "
+                f"slurm.gpus_per_node={s.gpus_per_node} is fewer (choose dp x tp <= {s.gpus_per_node})"
+            )
+        return JobShape(1, 1, world if s.gpus_per_node else 0, s.cpus_per_task * world)
     tpn = s.tasks_per_node or (s.gpus_per_node if s.gpus_per_node else world)
     tpn = min(tpn, world)
     if s.gpus_per_node and tpn > s.gpus_per_node:
@@ -39,14 +48,13 @@ def slurm_shape(cfg: TrialConfig, s: SlurmSettings) -> JobShape:
 
 def check_layouts(trials: list[SweepTrial], s: SweepSettings) -> None:
     """Every trial fits the cluster: local rank cap, or a valid Slurm job shape; a peer
-    (`canzona.peers`) runs on this machine only."""
+    (`canzona.peers`) is measured, never projected or dry-run."""
     peer = next((t for t in trials if t.cfg.method.peer), None)
-    if peer is not None and s.cluster not in ("local", "debug"):
+    if peer is not None and s.cluster in ("simulate", "dryrun"):
         why = {"simulate": "projects the harness's programs only",
-               "dryrun": "dry-runs the harness's programs only"}.get(
-            s.cluster, "starts each rank as a task of its own, and a peer starts its own ranks")
+               "dryrun": "dry-runs the harness's programs only"}[s.cluster]
         raise ConfigError(f"trial {peer.id}: method={peer.cfg.method.name} is a peer (its own code) and "
-                          f"cluster={s.cluster} {why}; run the peers with cluster=local, or leave them out "
+                          f"cluster={s.cluster} {why}; measure the peers (cluster=local or slurm), or leave them out "
                           f"(method=...)")
     if s.cluster in ("simulate", "dryrun"):  # any layout can be projected or dry-run here
         return

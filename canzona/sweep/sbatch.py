@@ -55,6 +55,7 @@ def render_sbatch(sweep: ExpandedSweep, run: TrialRun, run_dir: Path, sbatch_dir
         python=shlex.quote(s.python or sys.executable),
         overrides=[shlex.quote(o) for o in config_overrides(run.cfg)],
         out=shlex.quote(str(run_dir)),
+        peer=bool(run.cfg.method.peer),
     )
 
 

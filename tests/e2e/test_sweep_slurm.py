@@ -1,6 +1,7 @@
 """End to end against a real slurmctld/slurmd (slurm/dev-cluster.sh): ``sweep=smoke
 cluster=slurm`` submits 2 trials of 2 ranks each (gloo), as one job array, records them, and
-leaves no job step or rank process behind; then the cluster is torn down with no daemon left.
+leaves no job step or rank process behind; a peer, which starts its own ranks, runs as one task
+(through submitit and by hand); then the cluster is torn down with no daemon left.
 
 Uses the session's ``slurm_cluster`` fixture (tests/e2e/conftest.py) (same skip rules: skipped only when
 ``sinfo`` is missing and CI is not "true").
@@ -183,6 +184,53 @@ def test_scancelled_trial_is_recorded_as_cancelled(slurm_cluster, tmp_path):
     while (pgrep(str(results)) or pgrep("slurmstepd")) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert pgrep(str(results)) == [] and pgrep("slurmstepd") == []
+
+
+PEER = """
+    description: one peer trial (torchtitan's DistMuon on FSDP2), which starts its own 2 ranks
+    fixed:
+      model.name: qwen3-0.6b
+      model.width_div: 16
+      model.num_layers: 1
+      dist.device: cpu
+      dist.threads_per_rank: 1
+      dist.timeout_s: 120
+      train.steps: 2
+      train.warmup: 1
+      train.micro_batch: 1
+      train.seq_len: 16
+      parallel.dp: 2
+      method: torchtitan_distmuon
+      optimizer.ns_dtype: bfloat16  # DistMuon orthogonalises in bf16 only
+"""
+
+
+def test_a_peer_runs_on_slurm_through_submitit_and_by_hand(slurm_cluster, tmp_path):
+    """A peer starts its own ranks, so its Slurm job is one task on one node (not one task per
+    rank): through the sweep (submitit) and through the ``list=true`` script submitted by hand
+    (``sbatch --wait``), both record the trial done with its two ranks."""
+    (tmp_path / "peer.yaml").write_text(textwrap.dedent(PEER))
+    args = [sys.executable, str(RUN), f"sweep={tmp_path / 'peer.yaml'}", "cluster=slurm", "slurm.partition=debug",
+            "slurm.time=00:10:00", "poll_s=0.5"]
+    r = subprocess.run([*args, f"results={tmp_path / 'submitit'}"], capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (st_path,) = (tmp_path / "submitit" / "peer").glob("*/status.json")
+    st = json.loads(st_path.read_text())
+    assert st["status"] == "done" and st["cluster"] == "slurm", st
+    summary = json.loads((st_path.parent / "summary.json").read_text())
+    assert summary["world"]["world_size"] == 2 and summary["peer"]["name"] == "torchtitan_distmuon"
+
+    r = subprocess.run([*args, "list=true", f"results={tmp_path / 'by_hand'}"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (script,) = (tmp_path / "by_hand" / "peer" / "sbatch").glob("*-*.sh")
+    assert "--ntasks-per-node=1" in script.read_text()
+    job = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=600)
+    logs = "".join(p.read_text()[-3000:] for p in script.parent.glob("*.err"))
+    assert job.returncode == 0, job.stdout + job.stderr + logs
+    rows = (tmp_path / "by_hand" / "peer" / script.stem / "steps.jsonl").read_text().splitlines()
+    assert {json.loads(row)["rank"] for row in rows} == {0, 1}
 
 
 # Marked slurm_down: tests/e2e/conftest.py runs it after every other test of the session.

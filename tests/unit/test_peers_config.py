@@ -76,7 +76,7 @@ def test_a_peer_that_lost_a_rank_step_is_a_failed_trial() -> None:
         check_rows(rows, cfg)
 
 
-@pytest.mark.parametrize("cluster", ["simulate", "dryrun", "slurm"])
+@pytest.mark.parametrize("cluster", ["simulate", "dryrun"])
 def test_a_sweep_refuses_peers_on_a_cluster_that_cannot_run_them(cluster: str, tmp_path) -> None:
     import subprocess
     import sys
@@ -87,3 +87,18 @@ def test_a_sweep_refuses_peers_on_a_cluster_that_cannot_run_them(cluster: str, t
                         f"cluster={cluster}", f"results={tmp_path / 'r'}"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2 and "is a peer (its own code)" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_a_peer_is_one_slurm_task_on_one_node() -> None:
+    """A peer starts its own ranks: its Slurm job is one task with every rank's CPUs (and a GPU
+    per rank), and a world larger than a node is refused in one line (tests/e2e/test_sweep_slurm.py
+    runs one on the dev cluster)."""
+    from canzona.errors import ConfigError
+    from canzona.sweep.jobshape import JobShape, slurm_shape
+    from canzona.sweep.settings import SlurmSettings
+
+    cfg = load_config(["method=megatron_layerwise", "parallel.dp=2", "parallel.tp=2"])
+    assert slurm_shape(cfg, SlurmSettings(cpus_per_task=3)) == JobShape(1, 1, 0, 12)
+    assert slurm_shape(cfg, SlurmSettings(gpus_per_node=8)) == JobShape(1, 1, 4, 4 * SlurmSettings().cpus_per_task)
+    with pytest.raises(ConfigError, match="starts its 4 ranks on one node; slurm.gpus_per_node=2 is fewer"):
+        slurm_shape(cfg, SlurmSettings(gpus_per_node=2))
