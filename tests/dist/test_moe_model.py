@@ -117,10 +117,10 @@ def _worker(rank: int, world: int) -> dict:
     from canzona.model import destroy_parallel, init_parallel
 
     out: dict = {"groups": []}
-    for dp, tp, ep, etp in GROUPS_ONLY[world]:
+    for _dp, tp, ep, etp in GROUPS_ONLY[world]:
         out["groups"].append(_groups(init_parallel(tp, "cpu", 60.0, ep=ep, etp=etp)))
         destroy_parallel(process_group=False)
-    for key, (dp, tp, ep, etp) in RUNS[world].items():
+    for key, (_dp, tp, ep, etp) in RUNS[world].items():
         ctx = init_parallel(tp, "cpu", 60.0, ep=ep, etp=etp)
         out[key] = _ep_run(ctx)
         if key == "dp2_ep2":
