@@ -71,18 +71,26 @@ def peer_settings(cfg: Any, settings: dict[str, Any] | None = None) -> dict[str,
     return out
 
 
+def check(cfg: Any, settings: dict[str, Any] | None = None) -> None:
+    """ConfigError in one line for what Megatron's optimizers cannot run as the harness asks (a
+    sweep calls it for every peer trial before it launches anything)."""
+    name = cfg.method.name
+    if name not in ("megatron_layerwise", "megatron_zero1"):
+        raise ConfigError(f"canzona.peers.megatron runs megatron_layerwise and megatron_zero1, not {name!r}")
+    if cfg.model_cfg().moe:
+        raise ConfigError(f"method={name} runs the dense Qwen3 models; {cfg.model.name} is MoE")
+    peer_settings(cfg, settings)
+
+
 def worker_config(cfg: Any, out: Path, settings: dict[str, Any] | None = None, *, device: str | None = None,
                   threads: int | None = None) -> dict[str, Any]:
     """The JSON the worker reads: the trial resolved (shapes, steps, optimizer, DDP, peer settings)."""
     from canzona.devices import threads_per_rank, trial_device
     from canzona.records import STEP_FIELDS
 
+    check(cfg, settings)
     name = cfg.method.name
-    if name not in ("megatron_layerwise", "megatron_zero1"):
-        raise ConfigError(f"canzona.peers.megatron runs megatron_layerwise and megatron_zero1, not {name!r}")
     m = cfg.model_cfg()
-    if m.moe:
-        raise ConfigError(f"method={name} runs the dense Qwen3 models; {cfg.model.name} is MoE")
     opt, tr = cfg.optimizer, cfg.train
     return {
         "method": name, "dp": cfg.parallel.dp, "tp": cfg.parallel.tp,

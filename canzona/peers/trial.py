@@ -36,6 +36,14 @@ def run_peer_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
     return summary
 
 
+def check_peer(cfg: TrialConfig) -> None:
+    """What the peer ``cfg.method.name`` would refuse when its trial starts, as a one-line
+    ConfigError now: a sweep checks every trial before it launches any (each peer module's
+    ``check``; devices are not looked for, a Slurm login node has none)."""
+    peer = PEERS[str(cfg.method.name)]
+    importlib.import_module(f"canzona.peers.{peer.module}").check(cfg)
+
+
 def complete_row(row: dict[str, Any]) -> dict[str, Any]:
     """A peer's row with every key of STEP_FIELDS (null where it exposes no such phase) and its
     own extra keys kept."""

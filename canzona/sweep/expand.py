@@ -155,6 +155,13 @@ def resolve(dotted: dict[str, Any], tag: str) -> TrialConfig:
         cfg = validate(obj)
     except ConfigError as e:
         raise ConfigError(f"{tag}: {_with_allowed_tp(str(e), obj)}") from None
+    if cfg.method.peer:  # what the peer's own code refuses, refused before anything runs
+        from canzona.peers.trial import check_peer
+
+        try:
+            check_peer(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"{tag}: {e}") from None
     if cfg.planner.cost == "measured":  # planner.measured_table must exist and fit: check it now
         from canzona.plan.methods import make_plan
 

@@ -107,7 +107,7 @@ def check_trial_key(key: str, where: str) -> None:
             raise ConfigError(
                 f"{where}: unknown trial key {key!r}; allowed under {parent or 'top level'}: {', '.join(allowed)}"
             )
-        node = node[part] if OmegaConf.is_config(node[part]) else None
+        node = node[part] if OmegaConf.is_dict(node[part]) else None  # a list or tuple is a value
     if OmegaConf.is_config(node):
         raise ConfigError(
             f"{where}: {key!r} is a section; set one of its keys: {', '.join(sorted(node.keys()))}"

@@ -102,3 +102,18 @@ def test_a_peer_is_one_slurm_task_on_one_node() -> None:
     assert slurm_shape(cfg, SlurmSettings(gpus_per_node=8)) == JobShape(1, 1, 4, 4 * SlurmSettings().cpus_per_task)
     with pytest.raises(ConfigError, match="starts its 4 ranks on one node; slurm.gpus_per_node=2 is fewer"):
         slurm_shape(cfg, SlurmSettings(gpus_per_node=2))
+
+
+@pytest.mark.parametrize("bad", [["method=torchtitan_distmuon", "layout=dp2tp1", "optimizer.ns_dtype=float32"],
+                                 ["method=megatron_layerwise", "layout=dp2tp1", "optimizer.ns_coefficients=[3.0,-3.0,1.0]"]])
+def test_a_sweep_refuses_what_a_peer_would_refuse_before_anything_runs(bad: list[str], tmp_path) -> None:
+    """The peer's own checks run when the sweep expands, not an hour later in its job."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(repo / "sweeps" / "run.py"), "sweep=qwen3_scaling", "profile=peers", *bad,
+                        f"results={tmp_path / 'r'}"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert bad[-1].split("=")[0] in r.stderr and not (tmp_path / "r").exists()

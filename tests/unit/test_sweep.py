@@ -868,3 +868,14 @@ def test_a_ctrl_c_while_a_status_is_written_is_held_until_the_block_ends() -> No
     with held_interrupts():  # no signal: nothing raised
         steps.append("quiet")
     assert steps[-1] == "quiet"
+
+
+def test_a_list_valued_trial_key_is_a_value_not_a_section() -> None:
+    """``optimizer.ns_coefficients=[...]`` on a sweep's command line is a trial value (it crashed
+    with OmegaConf's traceback when the tuple was taken for a section)."""
+    from canzona.errors import ConfigError
+    from canzona.sweep.keys import check_trial_key
+
+    check_trial_key("optimizer.ns_coefficients", "command line")
+    with pytest.raises(ConfigError, match="is a section"):
+        check_trial_key("optimizer", "command line")
