@@ -46,6 +46,7 @@ import yaml
 
 from analysis import peers, plots, projection, stats, timeline
 from analysis.load import Sweep, load_sweep, subset
+from canzona.cli import run_command, usage
 from canzona.errors import ConfigError
 from canzona.overrides import Renamed, build, split_argv
 from canzona.records import atomic_write_text
@@ -404,23 +405,16 @@ RENAMED = {"profile": Renamed("hardware", "the hardware file of the predicted-vs
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        from canzona.reference import command_help
+    return run_command("analysis.report", _report, argv)
 
-        print(command_help("analysis.report"))
-        return 0
-    try:
-        parts = split_argv(argv, positionals=1, usage="python -m analysis.report SWEEP_DIR [out=DIR] [hardware=H]",
-                           keys=[f.name for f in fields(ReportArgs)])
-        if not parts.positionals:
-            raise ConfigError("missing SWEEP_DIR; usage: python -m analysis.report SWEEP_DIR [out=DIR] [hardware=H]")
-        args = build(ReportArgs, parts.overrides, what="report", renamed=RENAMED)
-        path = build_report(parts.positionals[0], args.out, hardware=args.hardware)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(path)
+
+def _report(argv: list[str]) -> int:
+    form = usage("analysis.report")
+    parts = split_argv(argv, positionals=1, usage=form, keys=[f.name for f in fields(ReportArgs)])
+    if not parts.positionals:
+        raise ConfigError(f"missing SWEEP_DIR; usage: {form}")
+    args = build(ReportArgs, parts.overrides, what="report", renamed=RENAMED)
+    print(build_report(parts.positionals[0], args.out, hardware=args.hardware))
     return 0
 
 

@@ -79,8 +79,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("analysis.report", "python -m analysis.report SWEEP_DIR [key=value ...]",
             "Build the HTML report of a sweep folder and print the path of its index.html.",
             _schema_keys("analysis.report", "ReportArgs")),
-    Command("canzona.sim.validate", "python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [key=value ...] [--json]",
-            "Predicted against measured, for every finished trial under the folder.",
+    Command("canzona.sim.validate", "python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [key=value ...] [--json]\n"
+            "       python -m canzona.sim.validate published [--json]",
+            "Predicted against measured, for every finished trial under the folder; 'published' projects the "
+            "published points of validation/published_points.yaml instead, each on its own hardware file.",
             _schema_keys("canzona.sim.validate", "ValidateArgs")),
     Command("canzona.calibrate", "python -m canzona.calibrate out=PATH [key=value ...]",
             "Calibrate this machine into a hardware file (update, collective and model-pass times).",

@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from canzona.cli import refuse, run_command
 from canzona.config import parse_cli
 from canzona.errors import ConfigError
 from canzona.records import RECORD_FILES, SUMMARY_FILE, writable_folder
@@ -45,39 +46,29 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'canzona.run' has no attribute {name!r}")
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        from canzona.reference import command_help
+    return run_command("canzona.run", _run, argv)
 
-        print(command_help("canzona.run"))
-        return 0
-    try:
-        cfg, args = parse_cli(argv, flags=("--overwrite",))
-        if not cfg.out:
-            raise ConfigError("out=DIR is required: where the trial writes its records")
-        from canzona.cost import NumelCost
-        from canzona.plan.methods import plan_inputs
 
-        # the layout check only, no plan: the trial plans once, where its costs are chosen (the
-        # local launcher, or rank 0 of an external launch, which hands the plan to every rank)
-        if not cfg.method.peer:  # a peer plans inside its own code
-            plan_inputs(cfg, NumelCost())
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def _run(argv: list[str]) -> int:
+    cfg, args = parse_cli(argv, flags=("--overwrite",))
+    if not cfg.out:
+        raise ConfigError("out=DIR is required: where the trial writes its records")
+    from canzona.cost import NumelCost
+    from canzona.plan.methods import plan_inputs
+
+    # the layout check only, no plan: the trial plans once, where its costs are chosen (the
+    # local launcher, or rank 0 of an external launch, which hands the plan to every rank)
+    if not cfg.method.peer:  # a peer plans inside its own code
+        plan_inputs(cfg, NumelCost())
     out = Path(cfg.out)
-    try:
-        prepare = partial(prepare_out, cfg.out, overwrite="--overwrite" in args.flags)
-        if launched_externally():  # rank 0 prepares `out`; every rank goes on or reports its error
-            from canzona.trial.env import launch_env
-            from canzona.trial.verdict import rank_zero_verdict
+    prepare = partial(prepare_out, cfg.out, overwrite="--overwrite" in args.flags)
+    if launched_externally():  # rank 0 prepares `out`; every rank goes on or reports its error
+        from canzona.trial.env import launch_env
+        from canzona.trial.verdict import rank_zero_verdict
 
-            rank_zero_verdict(prepare, launch_env(), cfg.dist.timeout_s)
-        else:
-            prepare()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        rank_zero_verdict(prepare, launch_env(), cfg.dist.timeout_s)
+    else:
+        prepare()
     if cfg.dist.dry_run:
         return dry_run_main(cfg, out)
     from canzona.trial.launch import run_rank_from_env, run_trial
@@ -92,9 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: the trial's ranks were stopped; this run wrote no records"
               + (f" ({summary_file} is an earlier run's)" if stale else ""), file=sys.stderr)
         return 130
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except ConfigError:
+        raise  # a misuse a rank found: `run_command`'s one line, exit 2
     except Exception as e:  # noqa: BLE001 - report any rank failure as one trial failure
         print(failure_text(e), file=sys.stderr)
         return 1
@@ -147,8 +137,7 @@ def dry_run_main(cfg, out: Path) -> int:
     try:
         report = dry_run_trial(cfg, out=out)
     except (ConfigError, FakeCudaError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     if report["errors"]:
         for e in report["errors"]:
             print(f"error: dry run: {e}", file=sys.stderr)

@@ -38,6 +38,7 @@ from canzona.program.actions import (
     Apply,
     Backward,
     ClipScale,
+    Comm,
     Compute,
     CopyToModel,
     Elementwise,
@@ -46,6 +47,7 @@ from canzona.program.actions import (
     Mark,
     Program,
     Wait,
+    dispatch_table,
 )
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -260,77 +262,100 @@ class Runtime:
             a, buf.param_buf, buf.grad_buf, self.results, buf.grad_view, buf.param_view, self.tp_dims
         )
 
-    @torch.no_grad()
-    def _step_action(self, a, timer) -> None:
-        buf = self.buffers
-        if isinstance(a, Compute):
-            with timer.phase(a.phase, a.tag):
-                gathered = self.results.get(a.source, {}) if a.source else {}
-                fulls = [gathered[i] if i in gathered else buf.grad_view(i) for i in a.items]
-                self.results[a.tag] = dict(zip(a.items, self.matrices.directions(list(a.items), fulls, self.steps)))
-                self.computed.update(a.items)
-        elif isinstance(a, Apply):
-            with timer.phase(a.phase, a.tag):
-                updates = self.results.get(a.source, {})
-                cut = set(a.slice_tp)
-                for i in a.items:
-                    u = updates[i]
-                    if i in cut:
-                        u = u.chunk(self.plan.tp, dim=self.tp_dims[i])[self.program.tp_rank]
-                    self.matrices.apply(self.main_view(i), u)
-        elif isinstance(a, Elementwise):
-            with timer.phase(a.phase, a.tag):
-                keys = list(a.ranges)
-                self.elementwise.step(keys, [self.main_slice(s, e) for s, e in keys],
-                                      [buf.grad_buf[s:e] for s, e in keys], self.steps)
-        elif isinstance(a, GradNorm):
-            with timer.phase(a.phase, a.tag):
-                # A rank that counts no elements (it owns nothing) still takes part in the norm's
-                # all-reduce: with a zero on its device (sum_of_squares of nothing is a CPU zero).
-                self.results[a.tag] = (sum_of_squares((buf.grad_buf[s:e] for s, e in a.ranges), a.dtype) if a.ranges
-                                       else buf.grad_buf.new_zeros((), dtype=getattr(torch, a.dtype)))
-        elif isinstance(a, ClipScale):
-            with timer.phase(a.phase, a.tag):
-                coef = clip_coefficient(float(self.results[a.norm]), a.max_norm)
-                if coef is not None:
-                    for s, e in a.ranges:
-                        buf.grad_buf[s:e].mul_(coef)
-                self.results[a.tag] = coef
-        elif isinstance(a, CopyToModel):
-            with timer.phase(a.phase, a.tag):
-                for (s, e), main in zip(self.program.main_ranges, self._main):
-                    buf.param_buf[s:e].copy_(main)
-        else:
-            raise TypeError(f"the runtime cannot run {type(a).__name__}")
-
     def _do(self, a, timer) -> None:
-        if isinstance(a, Forward):
-            if a.micro == 0:
-                self._start()
-            tokens, labels = self._batches[a.micro]
-            with timer.phase(a.phase):
-                self.loss = self.model(tokens, labels)
-            self._losses.append(self.loss)
-        elif isinstance(a, Backward):
-            self.buffers.arm(a.last)
-            with timer.phase(a.phase):
-                # the mean over micro-batches, as Megatron scales each micro-batch's loss
-                (self.loss / self._micro if self._micro > 1 else self.loss).backward()
-            if a.last:
-                self.buffers.check_complete()
-        elif isinstance(a, COMM_TYPES):
-            with timer.phase(a.phase, a.tag):
-                self._issue(a)
-        elif isinstance(a, Wait):
-            with timer.phase(a.phase, a.label or None):
-                for tag in a.tags:
-                    pend = self.pending.pop(tag)
-                    self.results[tag] = pend.wait()
-                    if a.phase == "param_sync":
-                        self._gather_done(pend)
-        elif isinstance(a, Mark):
-            if a.name == "step_start":
-                self.steps += 1
-            timer.mark(a.name)
-        else:
-            self._step_action(a, timer)
+        run = self._RUN.get(type(a))
+        if run is None:
+            raise TypeError(f"the runtime cannot run {type(a).__name__}")
+        run(self, a, timer)
+
+    def _forward(self, a: Forward, timer) -> None:
+        if a.micro == 0:
+            self._start()
+        tokens, labels = self._batches[a.micro]
+        with timer.phase(a.phase):
+            self.loss = self.model(tokens, labels)
+        self._losses.append(self.loss)
+
+    def _backward(self, a: Backward, timer) -> None:
+        self.buffers.arm(a.last)
+        with timer.phase(a.phase):
+            # the mean over micro-batches, as Megatron scales each micro-batch's loss
+            (self.loss / self._micro if self._micro > 1 else self.loss).backward()
+        if a.last:
+            self.buffers.check_complete()
+
+    def _issue_action(self, a: Comm, timer) -> None:
+        with timer.phase(a.phase, a.tag):
+            self._issue(a)
+
+    def _wait_action(self, a: Wait, timer) -> None:
+        with timer.phase(a.phase, a.label or None):
+            for tag in a.tags:
+                pend = self.pending.pop(tag)
+                self.results[tag] = pend.wait()
+                if a.phase == "param_sync":
+                    self._gather_done(pend)
+
+    def _mark(self, a: Mark, timer) -> None:
+        if a.name == "step_start":
+            self.steps += 1
+        timer.mark(a.name)
+
+    @torch.no_grad()
+    def _compute(self, a: Compute, timer) -> None:
+        buf = self.buffers
+        with timer.phase(a.phase, a.tag):
+            gathered = self.results.get(a.source, {}) if a.source else {}
+            fulls = [gathered[i] if i in gathered else buf.grad_view(i) for i in a.items]
+            self.results[a.tag] = dict(zip(a.items, self.matrices.directions(list(a.items), fulls, self.steps)))
+            self.computed.update(a.items)
+
+    @torch.no_grad()
+    def _apply(self, a: Apply, timer) -> None:
+        with timer.phase(a.phase, a.tag):
+            updates = self.results.get(a.source, {})
+            cut = set(a.slice_tp)
+            for i in a.items:
+                u = updates[i]
+                if i in cut:
+                    u = u.chunk(self.plan.tp, dim=self.tp_dims[i])[self.program.tp_rank]
+                self.matrices.apply(self.main_view(i), u)
+
+    @torch.no_grad()
+    def _elementwise(self, a: Elementwise, timer) -> None:
+        buf = self.buffers
+        with timer.phase(a.phase, a.tag):
+            keys = list(a.ranges)
+            self.elementwise.step(keys, [self.main_slice(s, e) for s, e in keys],
+                                  [buf.grad_buf[s:e] for s, e in keys], self.steps)
+
+    @torch.no_grad()
+    def _grad_norm(self, a: GradNorm, timer) -> None:
+        buf = self.buffers
+        with timer.phase(a.phase, a.tag):
+            # A rank that counts no elements (it owns nothing) still takes part in the norm's
+            # all-reduce: with a zero on its device (sum_of_squares of nothing is a CPU zero).
+            self.results[a.tag] = (sum_of_squares((buf.grad_buf[s:e] for s, e in a.ranges), a.dtype) if a.ranges
+                                   else buf.grad_buf.new_zeros((), dtype=getattr(torch, a.dtype)))
+
+    @torch.no_grad()
+    def _clip_scale(self, a: ClipScale, timer) -> None:
+        with timer.phase(a.phase, a.tag):
+            coef = clip_coefficient(float(self.results[a.norm]), a.max_norm)
+            if coef is not None:
+                for s, e in a.ranges:
+                    self.buffers.grad_buf[s:e].mul_(coef)
+            self.results[a.tag] = coef
+
+    @torch.no_grad()
+    def _copy_to_model(self, a: CopyToModel, timer) -> None:
+        with timer.phase(a.phase, a.tag):
+            for (s, e), main in zip(self.program.main_ranges, self._main):
+                self.buffers.param_buf[s:e].copy_(main)
+
+    # How the runtime runs each action type (`_do`)
+    _RUN = dispatch_table({
+        Forward: _forward, Backward: _backward, COMM_TYPES: _issue_action, Wait: _wait_action, Mark: _mark,
+        Compute: _compute, Apply: _apply, Elementwise: _elementwise, GradNorm: _grad_norm, ClipScale: _clip_scale,
+        CopyToModel: _copy_to_model,
+    })

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from canzona.cli import refuse
 from canzona.errors import ConfigError
 
 MEGATRON_CORE = "0.19.2"
@@ -171,8 +172,7 @@ def main() -> int:
     try:
         print(peer_python())
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     return 0
 
 

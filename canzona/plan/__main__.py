@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
+from canzona.cli import run_command
 from canzona.config import TrialConfig, parse_cli
 from canzona.errors import ConfigError
 from canzona.inventory import ParamSpec
@@ -140,19 +141,13 @@ def _program_rank(value: str | None, world: int) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        from canzona.reference import command_help
+    return run_command("canzona.plan", _plan, argv)
 
-        print(command_help("canzona.plan"))
-        return 0
-    try:
-        cfg, args = parse_cli(argv, flags=("--json",), options=("--program",))
-        plan = make_plan(cfg)
-        rank = _program_rank(args.options.get("--program"), plan.rank_layout.world)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def _plan(argv: list[str]) -> int:
+    cfg, args = parse_cli(argv, flags=("--json",), options=("--program",))
+    plan = make_plan(cfg)
+    rank = _program_rank(args.options.get("--program"), plan.rank_layout.world)
     if rank is not None:
         print(render_program(plan, lower_rank(plan, rank)))
         return 0

@@ -22,7 +22,8 @@ group member's range, in DP-rank order, and ``me`` is this rank's index among th
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeVar
 
@@ -533,6 +534,25 @@ class Backward:
 
 
 Action = Forward | Backward | Wait | Mark | Compute | Apply | Elementwise | GradNorm | ClipScale | CopyToModel | Comm
+# Every concrete action type, the keys each interpreter's dispatch table must hold (a unit test
+# checks the executor's, the simulator's, the renderer's and the counting pass's).
+ACTION_TYPES: tuple[type, ...] = typing.get_args(Action)
+
+_H = TypeVar("_H")
+
+
+def dispatch_table(handlers: Mapping[type | tuple[type, ...], _H]) -> dict[type, _H]:
+    """An interpreter's dispatch table: its handler per action type, looked up as
+    ``table[type(action)]`` (one dict lookup: the simulator and the counting pass meet millions
+    of actions). A tuple key, such as `COMM_TYPES`, gives its handler to each of its types."""
+    table: dict[type, _H] = {}
+    for key, handler in handlers.items():
+        for kind in key if isinstance(key, tuple) else (key,):
+            if kind in table:
+                raise ValueError(f"two handlers for {kind.__name__}")
+            table[kind] = handler
+    return table
+
 
 
 @dataclass(frozen=True)

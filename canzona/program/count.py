@@ -21,7 +21,23 @@ import numpy as np
 from canzona.layout import RankLayout
 from canzona.plan.critical_path import lower_bound
 from canzona.plan.experts import RankSpace, rank_space
-from canzona.program.actions import DTYPE_BYTES, Backward, Compute, Elementwise, Forward, Program, is_comm
+from canzona.program.actions import (
+    COMM_TYPES,
+    DTYPE_BYTES,
+    Apply,
+    Backward,
+    ClipScale,
+    Comm,
+    Compute,
+    CopyToModel,
+    Elementwise,
+    Forward,
+    GradNorm,
+    Mark,
+    Program,
+    Wait,
+    dispatch_table,
+)
 
 
 @dataclass(frozen=True)
@@ -87,27 +103,6 @@ def _wire_bytes(a, sizes: dict[str, int]) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
-def _action_wire(a, sizes: dict[str, int], memo: dict[int, tuple]) -> tuple[tuple[float, float], ...]:
-    """`_wire_bytes` of every call an action makes, in `Program.calls` order (a forward: the
-    gathers its hooks issue; a backward: its own calls, then its bucket hooks'), kept per action
-    object in ``memo`` (the lowering shares actions between ranks)."""
-    hit = memo.get(id(a))
-    if hit is not None:
-        return hit[1]
-    kind = type(a)
-    if kind is Forward:
-        pairs = tuple(p for comm in a.issues() for p in _action_wire(comm, sizes, memo))
-    elif kind is Backward:
-        pairs = _wire_bytes(a, sizes) + tuple(p for h in a.hooks for comm in h.issue
-                                              for p in _action_wire(comm, sizes, memo))
-    elif is_comm(kind):
-        pairs = _wire_bytes(a, sizes)
-    else:
-        pairs = ()
-    memo[id(a)] = (a, pairs)  # the action is held too, so that its id is not reused meanwhile
-    return pairs
-
-
 def _space_costs(plan, space: RankSpace) -> dict[int, float]:
     if space.ep_rank is None:
         return plan.cost
@@ -115,42 +110,71 @@ def _space_costs(plan, space: RankSpace) -> dict[int, float]:
     return {**plan.cost, **{space.dense_params + k: c for k, c in expert.cost.items()}}
 
 
-def _work(a, slots: _Slots, memo: dict[int, tuple]) -> tuple:
-    """An action's optimizer work as the terms `count_program` adds, in its order: a `Compute`'s
-    (cost, state elements) of its items, an `Elementwise`'s covered fraction of each parameter's
-    cost and the elements covered; kept per action object in ``memo``."""
-    hit = memo.get(id(a))
-    if hit is not None:
-        return hit[1]
-    cost, params = slots.cost, slots.params
-    if isinstance(a, Compute):
-        terms: tuple = ((sum(cost[i] for i in a.items), sum(params[i].numel for i in a.items)),)
-    elif isinstance(a, Elementwise):
-        terms = tuple((cost[i] * n / params[i].numel, n)
-                      for lo, hi in a.ranges for i, n in slots.overlaps(lo, hi))
-    else:
-        terms = ()
-    memo[id(a)] = (a, terms)
-    return terms
+# An action's counts: (work, wire). ``work``: its optimizer work as the terms `count_program`
+# adds, in its order -- a `Compute`'s (cost, state elements) of its items, an `Elementwise`'s
+# covered fraction of each parameter's cost and the elements covered. ``wire``: `_wire_bytes` of
+# every call it makes, in `Program.calls` order (a forward: the gathers its hooks issue; a
+# backward: its own calls, then its bucket hooks').
+Counts = tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]]
+
+
+class _Counter:
+    """`count`: an action's `Counts` on one rank, kept per action object (the lowering shares
+    actions between ranks, and so between the programs one counter reads)."""
+
+    def __init__(self, slots: _Slots, sizes: dict[str, int], memo: dict[int, tuple]):
+        self.slots, self.sizes, self.memo = slots, sizes, memo
+
+    def count(self, a) -> Counts:
+        hit = self.memo.get(id(a))
+        if hit is not None:
+            return hit[1]
+        counts = self._COUNT[type(a)](self, a)
+        self.memo[id(a)] = (a, counts)  # the action is held too, so that its id is not reused meanwhile
+        return counts
+
+    def _forward(self, a: Forward) -> Counts:
+        return (), tuple(p for comm in a.issues() for p in self.count(comm)[1])
+
+    def _backward(self, a: Backward) -> Counts:
+        return (), _wire_bytes(a, self.sizes) + tuple(p for h in a.hooks for comm in h.issue for p in self.count(comm)[1])
+
+    def _comm(self, a: Comm) -> Counts:
+        return (), _wire_bytes(a, self.sizes)
+
+    def _compute(self, a: Compute) -> Counts:
+        cost, params = self.slots.cost, self.slots.params
+        return ((sum(cost[i] for i in a.items), sum(params[i].numel for i in a.items)),), ()
+
+    def _elementwise(self, a: Elementwise) -> Counts:
+        cost, params = self.slots.cost, self.slots.params
+        return tuple((cost[i] * n / params[i].numel, n) for lo, hi in a.ranges for i, n in self.slots.overlaps(lo, hi)), ()
+
+    def _nothing(self, a) -> Counts:
+        """Waits, marks and the host work the metrics do not count."""
+        return (), ()
+
+    _COUNT = dispatch_table({
+        Forward: _forward, Backward: _backward, COMM_TYPES: _comm, Compute: _compute, Elementwise: _elementwise,
+        (Wait, Mark, Apply, GradNorm, ClipScale, CopyToModel): _nothing,
+    })
 
 
 def count_program(plan, program: Program, slots: _Slots | None = None,
-                  _memo: tuple[dict[int, tuple], dict[int, tuple]] | None = None
-                  ) -> tuple[float, float, float, float, int]:
+                  _memo: dict[int, tuple] | None = None) -> tuple[float, float, float, float, int]:
     """(compute, state elements, sent bytes, received bytes, calls) of one rank's program."""
     slots = slots or _Slots(plan, program.rank)
     grid = plan.rank_layout
-    sizes = {axis: grid.size(axis) for axis in grid.axes}
-    work_memo, wire_memo = ({}, {}) if _memo is None else _memo
+    counter = _Counter(slots, {axis: grid.size(axis) for axis in grid.axes}, {} if _memo is None else _memo)
     compute = numel = 0.0
     sent = recv = 0.0
     calls = 0
     for a in program.actions:
-        for c, n in _work(a, slots, work_memo):
+        work, pairs = counter.count(a)
+        for c, n in work:
             compute += c
             numel += n
-        pairs = _action_wire(a, sizes, wire_memo)  # every call in `Program.calls` order, summed in it
-        calls += len(pairs)
+        calls += len(pairs)  # every call in `Program.calls` order, summed in it
         for s, r in pairs:
             sent += s
             recv += r
@@ -165,7 +189,7 @@ def count_programs(plan, programs: Sequence[Program]) -> PlanMetrics:
     recv = np.zeros((dp, tp))
     calls = 0
     spaces: dict[int | None, _Slots] = {}  # per EP rank (an MoE plan), else one
-    memo: tuple[dict[int, tuple], dict[int, tuple]] = ({}, {})  # actions are shared between ranks
+    memo: dict[int, tuple] = {}  # actions are shared between ranks
     done: dict[tuple[int, ...], tuple] = {}  # and whole programs' action lists, between TP ranks
     for prog in programs:
         same = tuple(map(id, prog.actions))  # the same objects in the same order: the same sums

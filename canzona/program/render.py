@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from canzona.plan.experts import rank_space
 from canzona.program.actions import (
     COMM_TYPES,
@@ -17,6 +20,7 @@ from canzona.program.actions import (
     Mark,
     Program,
     Wait,
+    dispatch_table,
 )
 
 
@@ -44,6 +48,65 @@ def _items(params, items) -> str:
     return shown
 
 
+def _forward(a: Forward, params, program: Program) -> str:
+    text = "forward"
+    if a.waits:
+        text += (f"  (overlapped parameter gather: {len(a.waits)} waits in module pre-hooks, each then "
+                 f"issuing the next bucket's gather: {a.waits[0].tag} -> ... -> {a.waits[-1].tag})")
+    return text
+
+
+def _backward(a: Backward, params, program: Program) -> str:
+    """The backward and, one line each, what its bucket hooks issue."""
+    text = f"backward  ({len(a.tp_partial)} partial-gradient TP all-reduces in hooks)"
+    return text + "".join(f"\n{'':>4}    when bucket {h.bucket} is full: {_comm(c)}" for h in a.hooks for c in h.issue)
+
+
+def _wait(a: Wait, params, program: Program) -> str:
+    tags = ", ".join(a.tags) if len(a.tags) <= 3 else f"{a.tags[0]} ... {a.tags[-1]} ({len(a.tags)})"
+    return f"wait   {tags}  ({a.phase})"
+
+
+def _compute(a: Compute, params, program: Program) -> str:
+    src = f" from {a.source}" if a.source else " from local gradients"
+    return f"compute {a.tag:<21} {len(a.items)} matrices{src}: {_items(params, a.items)}"
+
+
+def _apply(a: Apply, params, program: Program) -> str:
+    cut = f", {len(a.slice_tp)} cut to this TP shard" if a.slice_tp else ""
+    return f"apply  {a.tag:<22} {len(a.items)} params from {a.source}{cut}"
+
+
+def _elementwise(a: Elementwise, params, program: Program) -> str:
+    n = sum(e - s for s, e in a.ranges)
+    return f"adamw  {a.tag:<22} {len(a.ranges)} ranges, {n:,} elements"
+
+
+def _grad_norm(a: GradNorm, params, program: Program) -> str:
+    return f"norm   {a.tag:<22} {a.dtype} sum of squares over {sum(e - s for s, e in a.ranges):,} gradient elements"
+
+
+def _clip_scale(a: ClipScale, params, program: Program) -> str:
+    return (f"clip   {a.tag:<22} scale {sum(e - s for s, e in a.ranges):,} gradient elements if the norm "
+            f"from {a.norm!r} exceeds {a.max_norm:g}")
+
+
+def _copy_to_model(a: CopyToModel, params, program: Program) -> str:
+    return f"copy   {a.tag:<22} {sum(e - s for s, e in a.ranges):,} fp32 main elements -> {program.param_dtype} model"
+
+
+def _mark(a: Mark, params, program: Program) -> str:
+    return f"-- {a.name} --"
+
+
+# One action's text (a backward's spans lines) from the action, the rank's params and its program
+_RENDER: dict[type, Callable[[Any, list, Program], str]] = dispatch_table({
+    Forward: _forward, Backward: _backward, COMM_TYPES: lambda a, params, program: _comm(a), Wait: _wait,
+    Compute: _compute, Apply: _apply, Elementwise: _elementwise, GradNorm: _grad_norm, ClipScale: _clip_scale,
+    CopyToModel: _copy_to_model, Mark: _mark,
+})
+
+
 def render_program(plan, program: Program) -> str:
     params = rank_space(plan, program.rank).params  # an MoE rank's experts after the dense params
     lines = [
@@ -54,44 +117,7 @@ def render_program(plan, program: Program) -> str:
         f"parameters {program.param_dtype} ({plan.execution.dtype_reason}); gradients float32",
     ]
     for k, a in enumerate(program.actions):
-        if isinstance(a, Forward):
-            text = "forward"
-            if a.waits:
-                text += (f"  (overlapped parameter gather: {len(a.waits)} waits in module pre-hooks, each then "
-                         f"issuing the next bucket's gather: {a.waits[0].tag} -> ... -> {a.waits[-1].tag})")
-        elif isinstance(a, Backward):
-            text = f"backward  ({len(a.tp_partial)} partial-gradient TP all-reduces in hooks)"
-            lines.append(f"{k:>4}  {text}")
-            for h in a.hooks:
-                for c in h.issue:
-                    lines.append(f"{'':>4}    when bucket {h.bucket} is full: {_comm(c)}")
-            continue
-        elif isinstance(a, COMM_TYPES):
-            text = _comm(a)
-        elif isinstance(a, Wait):
-            tags = ", ".join(a.tags) if len(a.tags) <= 3 else f"{a.tags[0]} ... {a.tags[-1]} ({len(a.tags)})"
-            text = f"wait   {tags}  ({a.phase})"
-        elif isinstance(a, Compute):
-            src = f" from {a.source}" if a.source else " from local gradients"
-            text = f"compute {a.tag:<21} {len(a.items)} matrices{src}: {_items(params, a.items)}"
-        elif isinstance(a, Apply):
-            cut = f", {len(a.slice_tp)} cut to this TP shard" if a.slice_tp else ""
-            text = f"apply  {a.tag:<22} {len(a.items)} params from {a.source}{cut}"
-        elif isinstance(a, Elementwise):
-            n = sum(e - s for s, e in a.ranges)
-            text = f"adamw  {a.tag:<22} {len(a.ranges)} ranges, {n:,} elements"
-        elif isinstance(a, GradNorm):
-            text = f"norm   {a.tag:<22} {a.dtype} sum of squares over {sum(e - s for s, e in a.ranges):,} gradient elements"
-        elif isinstance(a, ClipScale):
-            text = (f"clip   {a.tag:<22} scale {sum(e - s for s, e in a.ranges):,} gradient elements if the norm "
-                    f"from {a.norm!r} exceeds {a.max_norm:g}")
-        elif isinstance(a, CopyToModel):
-            text = f"copy   {a.tag:<22} {sum(e - s for s, e in a.ranges):,} fp32 main elements -> {program.param_dtype} model"
-        elif isinstance(a, Mark):
-            text = f"-- {a.name} --"
-        else:  # pragma: no cover - every action type is listed above
-            text = repr(a)
-        lines.append(f"{k:>4}  {text}")
+        lines.append(f"{k:>4}  {_RENDER[type(a)](a, params, program)}")
     if program.prologue:
         lines.append("before the first iteration: issue " + ", ".join(a.tag for a in program.prologue))
     if program.drain:

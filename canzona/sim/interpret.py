@@ -32,7 +32,7 @@ same, operation for operation, as one action at a time: projections are unchange
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from canzona.layout import RankLayout
@@ -51,13 +51,16 @@ from canzona.program.actions import (
     Mark,
     Program,
     Wait,
+    dispatch_table,
 )
 from canzona.program.lower import comm_of
 from canzona.sim.hardware import Hardware
 from canzona.sim.model import model_work
 from canzona.sim.timeline import Handle, Timeline
 
-_WAIT, _ISSUE, _HOST, _MARK = range(4)  # what a compiled action does (`ProgramSim._compiled`)
+# What a compiled action does (`ProgramSim._compiled`); _LOCKSTEP: forward and backward, which
+# every rank runs together before its own actions
+_WAIT, _ISSUE, _HOST, _MARK, _LOCKSTEP = range(5)
 
 
 class Deadlock(RuntimeError):
@@ -94,7 +97,7 @@ class ProgramSim:
         self._finish_s = [{tag: self._copy_out(c) for tag, c in comms.items()} for comms in self.comms]
         self._host_s: dict[tuple, float] = {}
         self._spaces: dict[int | None, Any] = {}  # `_space`
-        self._ops: tuple[int, list] | None = None  # `_compiled`
+        self._ops: list[list[tuple]] | None = None  # `_compiled`
 
     # ------------------------------------------------------------------ groups
     def members(self, axis: str, r: int) -> tuple[tuple, list[int]]:
@@ -246,14 +249,11 @@ class ProgramSim:
     def _iteration(self) -> None:
         tl, work = self.tl, self.work
         everyone = list(range(self.world))
+        ops = self._compiled()
         start = 0  # forward/backward pairs (one per micro-batch) run in lockstep on every rank
-        while isinstance(self.programs[0].actions[start], (Forward, Backward)):
-            if isinstance(self.programs[0].actions[start], Forward):
-                self._forward(work, start)
-            else:
-                self._backward(work, start)
+        while ops[0][start][0] == _LOCKSTEP:
+            ops[0][start][1](work, start)
             start += 1
-        ops = self._compiled(start)
         pc = [start] * self.world
         active = set(everyone)
         handles, it = self.handles, self.it
@@ -286,13 +286,15 @@ class ProgramSim:
                     elif code == _HOST:
                         _, seconds, phase, tag = op
                         tl.span(r, None if seconds is None else seconds * factor[r], phase, tag)
-                    else:  # _MARK
+                    elif code == _MARK:
                         name = op[1]
                         tl.mark([r], name)
                         if name == "step_start":
                             factor[r] = self.step_scale / self.scale
                         elif name == "step_end":
                             factor[r] = 1.0
+                    else:
+                        raise TypeError(f"rank {r}: forward and backward run only before the rank's other actions")
                     k += 1
                     moved = True
                 pc[r] = k
@@ -303,44 +305,89 @@ class ProgramSim:
                 blocked = sorted({(r, self.programs[r].actions[pc[r]].tags) for r in active})[:4]
                 raise Deadlock(f"no rank can proceed; blocked at {blocked}")
 
-    def _compiled(self, start: int) -> list[list[tuple | None]]:
-        """Per rank, its actions from ``start`` (after backward) with everything an iteration
-        reads of them resolved once: a wait's collectives (group, copy-out seconds), an
-        issue's calls, group and packing seconds, a host action's seconds (`_host_seconds`).
-        The same for every iteration (kept); entries before ``start`` are None."""
-        if self._ops is not None and self._ops[0] == start:
-            return self._ops[1]
+    def _compiled(self) -> list[list[tuple]]:
+        """Per rank, its actions with everything an iteration reads of them resolved once
+        (`_COMPILE`): a wait's collectives (group, copy-out seconds), an issue's calls, group and
+        packing seconds, a host action's seconds. The same for every iteration (kept)."""
+        if self._ops is not None:
+            return self._ops
         out = []
+        table = self._COMPILE
         same: dict[int, tuple] = {}  # id(action) -> its op, for ops the same on every rank
         for r, p in enumerate(self.programs):
-            gids, finish = self._gid[r], self._finish_s[r]
-            rops: list[tuple | None] = [None] * start
-            for a in p.actions[start:]:
+            rops: list[tuple] = []
+            for a in p.actions:
                 op = same.get(id(a))
-                if op is not None:
-                    rops.append(op)
-                    continue
-                kind = type(a)
-                if kind is Wait:
-                    rops.append((_WAIT, tuple((t, gids[t], finish[t]) for t in a.tags), a.phase, a.label or None))
-                    continue
-                if kind is Mark:
-                    op = (_MARK, a.name)
-                elif isinstance(a, COMM_TYPES):
-                    calls = a.calls()
-                    if calls:
-                        gid, members = self._group(calls[0].axis, r)
-                        pack = self.hw.copy(a.pack_elems * DTYPE_BYTES[calls[0].dtype]) if a.pack_elems else None
-                        rops.append((_ISSUE, calls, gid, members, calls[0].axis, pack, a.phase, a.tag))
-                        continue
-                    op = (_HOST, None, a.phase, a.tag)
-                else:
-                    op = (_HOST, self._host_seconds(a, r), a.phase, a.tag)
-                same[id(a)] = op  # the programs (and so the action) outlive this loop: ids stay unique
+                if op is None:
+                    compile_op = table.get(type(a))
+                    if compile_op is None:
+                        raise TypeError(f"the simulator cannot run {type(a).__name__}")
+                    op, shared = compile_op(self, a, r)
+                    if shared:  # the programs (and so the action) outlive this loop: ids stay unique
+                        same[id(a)] = op
                 rops.append(op)
             out.append(rops)
-        self._ops = (start, out)
+        self._ops = out
         return out
+
+    # Each `_COMPILE` handler gives (op, shared): the action's op on rank r and whether every
+    # rank holding the same action object has the same op.
+    def _lockstep_op(self, a: Forward | Backward, r: int) -> tuple[tuple, bool]:
+        return (_LOCKSTEP, self._forward if type(a) is Forward else self._backward), True
+
+    def _wait_op(self, a: Wait, r: int) -> tuple[tuple, bool]:
+        gids, finish = self._gid[r], self._finish_s[r]
+        return (_WAIT, tuple((t, gids[t], finish[t]) for t in a.tags), a.phase, a.label or None), False
+
+    def _mark_op(self, a: Mark, r: int) -> tuple[tuple, bool]:
+        return (_MARK, a.name), True
+
+    def _issue_op(self, a, r: int) -> tuple[tuple, bool]:
+        calls = a.calls()
+        if not calls:
+            return (_HOST, None, a.phase, a.tag), True
+        gid, members = self._group(calls[0].axis, r)
+        pack = self.hw.copy(a.pack_elems * DTYPE_BYTES[calls[0].dtype]) if a.pack_elems else None
+        return (_ISSUE, calls, gid, members, calls[0].axis, pack, a.phase, a.tag), False
+
+    def _host_op(self, a, key: tuple, seconds: Callable[[], float]) -> tuple[tuple, bool]:
+        """Host seconds of a rank's own work after backward: the same for every rank doing the
+        same items or ranges of the same params, so kept by content (``key``)."""
+        s = self._host_s.get(key)
+        if s is None:
+            s = self._host_s[key] = seconds()
+        return (_HOST, s, a.phase, a.tag), True
+
+    def _compute_op(self, a: Compute, r: int) -> tuple[tuple, bool]:
+        space = self._space(r)
+        return self._host_op(a, ("compute", a.items, space.ep_rank), lambda: self.hw.matrix_call(
+            self.opt, [shape for i in a.items for _, shape in space.params[i].matrices], *self.ns, stacked=self.stacked))
+
+    def _apply_op(self, a: Apply, r: int) -> tuple[tuple, bool]:
+        space = self._space(r)
+        params = space.params
+        return self._host_op(a, ("apply", a.items, space.ep_rank), lambda: self.hw.apply(
+            params[i].local_numel(space.split_over(i, self.tp)) for i in a.items))
+
+    def _elementwise_op(self, a: Elementwise, r: int) -> tuple[tuple, bool]:
+        return self._host_op(a, ("adamw", a.ranges), lambda: self.hw.adamw(e - s for s, e in a.ranges))
+
+    def _grad_pass_op(self, a: GradNorm | ClipScale, r: int) -> tuple[tuple, bool]:
+        """One pass over the fp32 gradient ranges."""
+        kind = "norm" if type(a) is GradNorm else "scale"
+        return self._host_op(a, ("pass", type(a).__name__, a.ranges), lambda: self.hw.grad_pass(
+            kind, 4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges)))
+
+    def _copy_to_model_op(self, a: CopyToModel, r: int) -> tuple[tuple, bool]:
+        """fp32 main -> model parameters."""
+        return self._host_op(a, ("pass", type(a).__name__, a.ranges), lambda: self.hw.copy(
+            4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges)))
+
+    _COMPILE = dispatch_table({
+        (Forward, Backward): _lockstep_op, Wait: _wait_op, Mark: _mark_op, COMM_TYPES: _issue_op,
+        Compute: _compute_op, Apply: _apply_op, Elementwise: _elementwise_op, (GradNorm, ClipScale): _grad_pass_op,
+        CopyToModel: _copy_to_model_op,
+    })
 
     def _forward(self, work, index: int) -> None:
         """Forward in lockstep (identical model work on every rank); each rank first waits for
@@ -407,38 +454,3 @@ class ProgramSim:
         if space is None:
             space = self._spaces[ep_rank] = rank_space(self.plan, r)
         return space
-
-    def _host_seconds(self, a, r: int = 0) -> float:
-        """Host seconds of a rank's own work after backward (the same for every rank doing the
-        same items or ranges of the same params: kept by content)."""
-        hw = self.hw
-        space = self._space(r)
-        params = space.params
-        if isinstance(a, Compute):
-            key = ("compute", a.items, space.ep_rank)
-        elif isinstance(a, Apply):
-            key = ("apply", a.items, space.ep_rank)
-        elif isinstance(a, Elementwise):
-            key = ("adamw", a.ranges)
-        elif isinstance(a, (GradNorm, ClipScale, CopyToModel)):
-            key = ("pass", type(a).__name__, a.ranges)
-        else:
-            raise TypeError(f"the simulator cannot run {type(a).__name__} after backward")
-        seconds = self._host_s.get(key)
-        if seconds is not None:
-            return seconds
-        if isinstance(a, Compute):
-            shapes = [shape for i in a.items for _, shape in params[i].matrices]
-            seconds = hw.matrix_call(self.opt, shapes, *self.ns, stacked=self.stacked)
-        elif isinstance(a, Apply):
-            seconds = hw.apply(params[i].local_numel(space.split_over(i, self.tp)) for i in a.items)
-        elif isinstance(a, Elementwise):
-            seconds = hw.adamw(e - s for s, e in a.ranges)
-        elif isinstance(a, (GradNorm, ClipScale)):  # one pass over the fp32 gradient ranges
-            kind = "norm" if isinstance(a, GradNorm) else "scale"
-            seconds = hw.grad_pass(kind, 4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges))
-        else:  # fp32 main -> model parameters
-            seconds = hw.copy(4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges))
-        self._host_s[key] = seconds
-        return seconds
-

@@ -251,26 +251,21 @@ def write_trial(cfg: TrialConfig, hardware: Any, out: str | Path) -> dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m canzona.sim.simulate hardware=h100 model=qwen3-32b parallel.dp=32 parallel.tp=8 [--json]``."""
+    from canzona.cli import run_command
+
+    return run_command("canzona.sim.simulate", _simulate, argv)
+
+
+def _simulate(argv: list[str]) -> int:
     from canzona.config import SHORTHANDS, load_config, trial_key_docs
-    from canzona.errors import ConfigError
     from canzona.overrides import refuse_renamed, split_argv
 
-    argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        from canzona.reference import command_help
-
-        print(command_help("canzona.sim.simulate"))
-        return 0
-    try:
-        args = split_argv(argv, flags=("--json",), shorthands=SHORTHANDS,
-                          keys=["hardware", *(d.key for d in trial_key_docs())])
-        refuse_renamed(RENAMED, args.overrides)
-        hardware = next((v for k, v in args.overrides if k == "hardware"), DEFAULT_HARDWARE)
-        cfg = load_config([f"{k}={v}" for k, v in args.overrides if k != "hardware"])
-        res = project(cfg, hardware, events="none")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    args = split_argv(argv, flags=("--json",), shorthands=SHORTHANDS,
+                      keys=["hardware", *(d.key for d in trial_key_docs())])
+    refuse_renamed(RENAMED, args.overrides)
+    hardware = next((v for k, v in args.overrides if k == "hardware"), DEFAULT_HARDWARE)
+    cfg = load_config([f"{k}={v}" for k, v in args.overrides if k != "hardware"])
+    res = project(cfg, hardware, events="none")
     if "--json" in args.flags:
         res.pop("steps")
         print(json.dumps(res, indent=2, default=str))

@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from canzona.cli import run_command, usage
 from canzona.config import load_config, read_config
 from canzona.errors import ConfigError
 from canzona.overrides import Renamed, build, split_argv
@@ -300,35 +301,28 @@ class ValidateArgs:
 
 # The command's keys that were renamed: refused with one line naming the new one.
 RENAMED = {"profile": Renamed("hardware", "the hardware file: a name under hardware/ or a YAML path")}
-USAGE = ("python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [hardware=hardware/local.yaml] [--json] | "
-         "python -m canzona.sim.validate published [--json]")
 PUBLISHED = "published"  # the positional that projects the published points instead of a folder
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        from canzona.reference import command_help
+    return run_command("canzona.sim.validate", _validate, argv)
 
-        print(command_help("canzona.sim.validate"))
-        return 0
-    try:
-        parts = split_argv(argv, flags=("--json",), positionals=1, usage=USAGE)
-        if not parts.positionals:
-            raise ConfigError(f"missing TRIAL_OR_SWEEP_DIR; usage: {USAGE}")
-        if parts.positionals[0] == PUBLISHED:
-            if parts.overrides:
-                raise ConfigError(f"{PUBLISHED} projects each point on its own hardware file "
-                                  f"(validation/published_points.yaml): no key=value is allowed with it")
-            return _published(json_out="--json" in parts.flags)
-        args = build(ValidateArgs, parts.overrides, what="validate", renamed=RENAMED)
-        target = Path(parts.positionals[0])
-        if not target.is_dir():
-            raise ConfigError(f"{str(target)!r} is not a folder; usage: {USAGE}")
-        res = compare_sweep(target, args.hardware)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def _validate(argv: list[str]) -> int:
+    form = usage("canzona.sim.validate")
+    parts = split_argv(argv, flags=("--json",), positionals=1, usage=form)
+    if not parts.positionals:
+        raise ConfigError(f"missing TRIAL_OR_SWEEP_DIR; usage: {form}")
+    if parts.positionals[0] == PUBLISHED:
+        if parts.overrides:
+            raise ConfigError(f"{PUBLISHED} projects each point on its own hardware file "
+                              f"(validation/published_points.yaml): no key=value is allowed with it")
+        return _published(json_out="--json" in parts.flags)
+    args = build(ValidateArgs, parts.overrides, what="validate", renamed=RENAMED)
+    target = Path(parts.positionals[0])
+    if not target.is_dir():
+        raise ConfigError(f"{str(target)!r} is not a folder; usage: {form}")
+    res = compare_sweep(target, args.hardware)
     if "--json" in parts.flags:
         print(json.dumps(res, indent=2, default=str))
         return 0

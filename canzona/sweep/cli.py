@@ -16,6 +16,7 @@ from typing import TextIO
 
 import yaml
 
+from canzona.cli import HELP, run_command
 from canzona.errors import ConfigError
 from canzona.records import (
     DRYRUN_CSV,
@@ -42,14 +43,9 @@ from canzona.sweep.trials import ExpandedSweep, TrialRun
 
 
 def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_dir: Path = CONFIGS_DIR) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     out = stream or sys.stdout
-    if any(a in ("-h", "--help", "help") for a in argv):
-        from canzona.reference import command_help
 
-        out.write(command_help("sweeps/run.py"))
-        return 0
-    try:
+    def body(argv: list[str]) -> int:
         if argv and argv[0] == "list":
             if len(argv) > 1:
                 raise ConfigError(f"'list' takes no other arguments (got {' '.join(argv[1:])})")
@@ -61,14 +57,13 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_di
         lock = None if sweep.settings.list else ResultsLock(sweep.results_dir, [sys.argv[0], *argv])
         if lock is not None:  # a dry run runs nothing and touches no record: no lock
             lock.acquire()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        return run_sweep(sweep, out)
-    finally:
-        if lock is not None:
-            lock.release()
+        try:
+            return run_sweep(sweep, out)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    return run_command("sweeps/run.py", body, argv, help_words=(*HELP, "help"), stream=out)
 
 
 def check_environment(sweep: ExpandedSweep) -> None:

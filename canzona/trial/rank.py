@@ -1,20 +1,29 @@
 """One rank of a trial: set up, run the steps, gather every rank's rows, write the records.
 
 `run_rank` sets the rank up (threads, device, process groups, model, plan, distributed
-optimizer), hands over to `train_steps` -- the whole per-step loop, in one function, so that the
-step's calls into the executor live in one place -- and afterwards checks ownership, gathers the
-rows on rank 0 and writes the records.
+optimizer), hands over to `train_steps` -- the per-step loop -- and afterwards checks ownership,
+gathers the rows on rank 0 and writes the records. The iterations themselves (`run_iterations`:
+the step's calls into the executor) are the dry run's too (`canzona.trial.dryrun.execute`), so
+that it runs the code a GPU rank runs.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from canzona.config import TrialConfig
 from canzona.devices import threads_per_rank, trial_device
 from canzona.records import PHASES
+
+if TYPE_CHECKING:
+    import torch
+
+    from canzona.executor.runtime import Runtime
+    from canzona.executor.timing import StepTimer
 
 
 def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) -> dict[str, Any] | None:
@@ -93,14 +102,14 @@ def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> lis
 
     timer = StepTimer(ctx.device)
     rows: list[dict[str, Any]] = []
-    for step in range(cfg.train.warmup + cfg.train.steps):
+
+    def inputs(step: int) -> list[tuple[Any, Any]]:
         batches = [tuple(t.to(ctx.device) for t in b) for b in step_batches(cfg, step, ctx.dp_rank, ctx.dp)]
         if cfg.train.fail_on_rank == ctx.rank and step == cfg.train.fail_at_step:
             raise RuntimeError(f"injected failure on rank {ctx.rank} at step {step} (train.fail_on_rank)")
-        timer.reset()
-        loss = runtime.iteration(batches, timer)
-        timer.mark("end")
-        timer.finish()
+        return batches
+
+    def record(step: int, loss: torch.Tensor) -> None:
         global_loss = loss.detach().float()
         dist.all_reduce(global_loss, group=ctx.dp_group)
         rows.append({
@@ -115,8 +124,34 @@ def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> lis
             "comm_bytes": runtime.bytes_by_tag(),
             "events": timer.events,
         })
-    runtime.finish(timer)
+
+    run_iterations(runtime, timer, cfg.train.warmup + cfg.train.steps, inputs, record)
     return rows
+
+
+def run_iterations(runtime: Runtime, timer: StepTimer, steps: int,
+                   inputs: Callable[[int], Sequence[tuple[Any, Any]]],
+                   after: Callable[[int, torch.Tensor], None],
+                   drain: AbstractContextManager[Any] | None = None) -> None:
+    """``steps`` iterations of the rank's program, then the drain of what the last leaves in
+    flight: the body a rank runs, on a GPU (`train_steps`) and in the dry run
+    (`canzona.trial.dryrun.execute`), which differ only in what they hand in.
+
+    Per step: ``inputs(step)`` gives the micro-batches (one ``(tokens, labels)`` each), the
+    timer is reset, the runtime runs the iteration, ``end`` is marked and the timer resolved;
+    then ``after(step, loss)`` reads the step (the rank's mean loss, the timer, the runtime's
+    recorded calls). ``drain``: a context the drain runs in (the dry run's ledger phase).
+    """
+    for step in range(steps):
+        batches = inputs(step)
+        timer.reset()
+        loss = runtime.iteration(batches, timer)
+        timer.mark("end")
+        timer.finish()
+        after(step, loss)
+        del loss  # the caller's to keep: not held by the loop through the next iteration (4 bytes)
+    with drain if drain is not None else nullcontext():
+        runtime.finish(timer)
 
 
 def step_batches(cfg: TrialConfig, step: int, dp_rank: int, dp: int) -> list[tuple[Any, Any]]:

@@ -6,9 +6,10 @@ collectives return at once), Megatron's TP/DP groups laid out on it by the same
 `canzona.model.parallel.init_parallel`, NCCL's rules (`canzona.dist_rules`) installed for the
 declared ``cuda:0``, then -- inside a ``FakeTensorMode`` -- the model built by `build_model`
 (randn gives fake tensors: nothing is generated), the plan's `Runtime` with its flat buffers,
-hooks and prologue, and `STEPS` iterations of the rank's `Program`: forward (with the
-overlapped parameter gather's waits), backward (bucket reductions from the hooks), clipping,
-the optimizer step, the parameter gather. The first iteration creates the optimizer state, the
+hooks and prologue, and `STEPS` iterations of the rank's `Program` by the loop body a GPU rank
+runs (`canzona.trial.rank.run_iterations`): forward (with the overlapped parameter gather's
+waits), backward (bucket reductions from the hooks), clipping, the optimizer step, the
+parameter gather. The first iteration creates the optimizer state, the
 second is the steady state a long run repeats; `Runtime.finish` then drains the last gathers.
 
 The plan is made for ``cuda`` by `make_plan`'s own cost-model choice: with no GPU visible, the
@@ -46,7 +47,7 @@ from canzona.trial.dryrun import fastkey
 from canzona.trial.dryrun.device import DeviceFunctions, emulate_queries
 from canzona.trial.dryrun.observe import Ledger, Observer
 from canzona.trial.dryrun.report import expected_bytes
-from canzona.trial.rank import step_batches
+from canzona.trial.rank import run_iterations, step_batches
 
 STEPS = 2
 
@@ -112,21 +113,24 @@ def _run(cfg: TrialConfig, rank: int, ctx, plan: Any = None) -> dict[str, Any]:
         for role, tensors in runtime.tensors_by_role().items():
             ledger.label(tensors, role)
         timer = PhaseTimer(ledger)
-        for step in range(STEPS):
-            t1 = time.perf_counter()
+        started: list[float] = []
+        seen: dict[str, Any] = {}  # the last iteration's calls, before the drain adds its own
+
+        def inputs(step: int) -> list[tuple[Any, Any]]:
+            started.append(time.perf_counter())
             ledger.iteration = step + 1
             observer.collectives.tally.clear()
             with ledger.phase("input"):
-                micro = [tuple(mode.from_tensor(t).to(ctx.device) for t in b) for b in batches[step]]
-            timer.reset()
-            runtime.iteration(micro, timer)
-            timer.finish()
-            checks += [f"iteration {step + 1}: {p}" for p in compare_recorded(program, runtime.bytes_by_tag())]
-            seconds[f"iteration {step + 1}"] = time.perf_counter() - t1
-        collectives = observer.collectives.summary()
-        executor = runtime.bytes_by_tag()
-        with ledger.phase("drain"):
-            runtime.finish(timer)
+                return [tuple(mode.from_tensor(t).to(ctx.device) for t in b) for b in batches[step]]
+
+        def after(step: int, loss: torch.Tensor) -> None:
+            seen["executor"] = recorded = runtime.bytes_by_tag()
+            seen["collectives"] = observer.collectives.summary()
+            checks.extend(f"iteration {step + 1}: {p}" for p in compare_recorded(program, recorded))
+            seconds[f"iteration {step + 1}"] = time.perf_counter() - started[step]
+
+        run_iterations(runtime, timer, STEPS, inputs, after, drain=ledger.phase("drain"))
+        collectives, executor = seen["collectives"], seen["executor"]
         for role, tensors in runtime.tensors_by_role().items():  # the optimizer state exists now
             ledger.label(tensors, role)
     at_peak = ledger.breakdown(ledger.peak_event)
