@@ -188,7 +188,7 @@ def make_cost_model(
     ``max_preconditioner_dim`` and any other option counts), wins over the ``ns_steps`` /
     ``precondition_frequency`` shorthands. ``measured`` reads ``table`` (the path of a hardware file
     that ``python -m canzona.calibrate`` wrote) or else ``calibration`` (this machine's cache, see
-    `select_cost_model`); ``roofline`` runs on ``hardware`` (a `canzona.sim.hardware.Hardware`, a
+    `select_cost_model`); ``roofline`` runs on ``hardware`` (a `canzona.hardware.Hardware`, a
     name or a path)."""
     if settings is None:
         settings = OptimizerSection(ns_steps=ns_steps, precondition_frequency=precondition_frequency)

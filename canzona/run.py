@@ -28,8 +28,8 @@ from typing import Any
 
 from canzona.config import parse_cli
 from canzona.errors import ConfigError
+from canzona.launch_env import launched_externally
 from canzona.records import RECORD_FILES, SUMMARY_FILE, writable_folder
-from canzona.trial.env import launched_externally
 
 __all__ = ["main"]
 _LAUNCH = ("run_rank_from_env", "run_trial")
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prepare = partial(prepare_out, cfg.out, overwrite="--overwrite" in args.flags)
         if launched_externally():  # rank 0 prepares `out`; every rank goes on or reports its error
-            from canzona.trial.env import launch_env
+            from canzona.launch_env import launch_env
             from canzona.trial.verdict import rank_zero_verdict
 
             rank_zero_verdict(prepare, launch_env(), cfg.dist.timeout_s)

@@ -19,6 +19,7 @@ import numpy as np
 
 from canzona.config import TrialConfig
 from canzona.devices import threads_per_rank
+from canzona.hardware import Hardware, load_hardware
 from canzona.overrides import Renamed
 from canzona.plan.summary import plan_record
 from canzona.plan.types import Plan
@@ -26,7 +27,6 @@ from canzona.program.count import count_programs
 from canzona.program.lower import lower
 from canzona.records import PHASES, write_records
 from canzona.sim.claims import PAPER_CLAIMS  # re-exported: the paper's headline, beside projections
-from canzona.sim.hardware import Hardware, load_hardware
 from canzona.sim.interpret import ProgramSim
 from canzona.sim.model import ModelWork, forward_flops, model_work
 

@@ -17,6 +17,7 @@ from typing import TextIO
 import yaml
 
 from canzona.errors import ConfigError
+from canzona.hardware import Hardware, load_hardware
 from canzona.records import (
     DRYRUN_CSV,
     HARDWARE_FILE,
@@ -26,7 +27,6 @@ from canzona.records import (
     atomic_write_text,
     writable_folder,
 )
-from canzona.sim.hardware import Hardware, load_hardware
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.dryrun import memory_table
 from canzona.sweep.expand import expand_sweep

@@ -38,8 +38,8 @@ from typing import Any
 
 import submitit
 
+from canzona.hardware import Hardware
 from canzona.net import free_port
-from canzona.sim.hardware import Hardware
 from canzona.sweep.backend import Backend, Submitted
 from canzona.sweep.dryrun import DryRunBackend
 from canzona.sweep.handles import JobHandle, RunHandle, traceback_line

@@ -127,7 +127,7 @@ class ExpandedSweep:
             return self.settings.sim.hardware
         if self.settings.cluster == "simulate":
             return DEFAULT_SIM_HARDWARE
-        from canzona.sim.hardware import local_file
+        from canzona.hardware import local_file
 
         local = local_file()
         return str(local) if local is not None else None
