@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.out:
             raise ConfigError("out=DIR is required: where the trial writes its records")
         from canzona.cost import NumelCost
-        from canzona.plan.methods import plan_inputs
+        from canzona.plan.from_config import plan_inputs
 
         # the layout check only, no plan: the trial plans once, where its costs are chosen (the
         # local launcher, or rank 0 of an external launch, which hands the plan to every rank)

@@ -23,7 +23,8 @@ TpMode = Literal["pipeline", "duplicated", "local"]
 @dataclass(frozen=True)
 class Execution:
     """The trial settings that shape how a plan runs (read by `canzona.program.lower` only), so
-    that a plan alone says everything needed to lower it to per-rank programs."""
+    that a plan alone says everything needed to lower it to per-rank programs (made from a
+    trial's config by `canzona.plan.from_config.execution`)."""
 
     dp_collective: str = "auto"  # uneven-shard DP collective: auto | padded | reduce_loop | coalesced | all_to_all
     overlap_grad_reduce: bool = True  # bucket reductions issued from backward hooks
@@ -35,16 +36,6 @@ class Execution:
     device: str = "cpu"  # the device kind the plan runs on (cpu | cuda)
     grad_accum: int = 1  # micro-batches (forward + backward) per iteration
     clip_norm_dtype: str = "float32"  # the norm's accumulation: float32 (Megatron) or float64 (exact)
-
-    @classmethod
-    def from_config(cls, cfg, device: str) -> Execution:
-        from canzona.devices import resolve_dtype
-
-        dtype, why = resolve_dtype(cfg.train.dtype, device)
-        return cls(dp_collective=cfg.dist.dp_collective, overlap_grad_reduce=cfg.dist.overlap_grad_reduce,
-                   pipeline_depth=cfg.planner.pipeline_depth, dtype=dtype, dtype_reason=why,
-                   overlap_param_gather=cfg.dist.overlap_param_gather, clip_grad=cfg.optimizer.clip_grad,
-                   device=device, grad_accum=cfg.train.grad_accum, clip_norm_dtype=cfg.optimizer.clip_norm_dtype)
 
 
 class _Sized:
@@ -80,7 +71,7 @@ class PlanSettings:
 @dataclass(frozen=True)
 class PlanInputs(_Sized):
     """Everything a planner reads: shapes, the buffer layout, one cost per param and the
-    strategies' settings. Built from a trial's config by `canzona.plan.methods.plan_inputs`; the
+    strategies' settings. Built from a trial's config by `canzona.plan.from_config.plan_inputs`; the
     planners never see the config, a cost model or a clock."""
 
     params: tuple[ParamSpec, ...]

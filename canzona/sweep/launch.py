@@ -74,8 +74,8 @@ class TrialTask(submitit.helpers.Checkpointable):
         threads = (self.config.get("dist") or {}).get("threads_per_rank")
         if threads:
             os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        from canzona import run as trial_run
         from canzona.config import load_config
+        from canzona.trial import launch as trial_run
 
         cfg = load_config(base=self.config)
         out = Path(self.out)

@@ -37,7 +37,7 @@ def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
 
     from canzona import dist_rules
     from canzona.config import check_runnable
-    from canzona.plan.methods import make_plan
+    from canzona.plan.from_config import make_plan
 
     check_runnable(cfg)
     plan = make_plan(cfg)  # invalid layouts fail here, before any process starts

@@ -27,7 +27,7 @@ from canzona.cost import FlopsCost, load_measured
 from canzona.errors import ConfigError
 from canzona.hardware import COLLECTIVES, load_hardware
 from canzona.inventory import build_inventory, model_config
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_plan
 from canzona.sim.simulate import project
 
 REPO = Path(__file__).resolve().parents[2]

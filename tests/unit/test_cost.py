@@ -21,13 +21,13 @@ import yaml
 from canzona.calibrate import cache
 from canzona.calibrate.cache import Need, ensure, settings_key, this_device
 from canzona.config import load_config
-from canzona.cost import ELEMENTWISE_FLOP_EQUIVALENT, make_cost_model, select_cost_model
+from canzona.cost import ELEMENTWISE_FLOP_EQUIVALENT
 from canzona.errors import ConfigError
 from canzona.hardware import load_hardware, spec_hardware
 from canzona.inventory import ParamSpec, build_inventory
 from canzona.optim import registry
 from canzona.optim.section import OptimizerSection
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_cost_model, make_plan, select_cost_model
 from canzona.plan.summary import plan_record
 from canzona.program.count import compute_metrics
 from canzona.roofline import RooflineCost

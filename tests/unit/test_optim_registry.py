@@ -19,11 +19,12 @@ from omegaconf import OmegaConf
 
 from canzona import config, hardware
 from canzona.config import OptimizerSection, load_config
-from canzona.cost import FlopsCost, load_measured, make_cost_model
+from canzona.cost import FlopsCost, load_measured
 from canzona.errors import ConfigError
 from canzona.inventory import ParamSpec
 from canzona.optim import registry
 from canzona.optim.rule import OptimizerDef, Option, UpdateRule
+from canzona.plan.from_config import make_cost_model
 
 PACKAGE = Path(__file__).resolve().parents[2] / "canzona"
 

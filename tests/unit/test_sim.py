@@ -20,7 +20,7 @@ from canzona.hardware import (
     spec_hardware,
 )
 from canzona.inventory import build_inventory, model_config
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_plan
 from canzona.records import STEP_FIELDS
 from canzona.sim.simulate import project, simulate
 from canzona.sim.timeline import Timeline
