@@ -397,7 +397,7 @@ def projected_section(sweep: Sweep) -> dict[str, Any]:
 def resolve_hardware(hardware: Any) -> Any:
     """``"auto"``: hardware/local.yaml if it exists, else None; ``"none"``/None: None."""
     if isinstance(hardware, str) and hardware.lower() == "auto":
-        from canzona.sim.hardware import local_file
+        from canzona.hardware import local_file
 
         local = local_file()
         return str(local) if local is not None else None

@@ -30,7 +30,7 @@ from canzona.errors import ConfigError
 from canzona.inventory import QWEN3
 from canzona.plan.critical_path import critical_path
 from canzona.plan.dp import lpt
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_plan
 from canzona.plan.types import Plan
 from canzona.program.count import compute_metrics
 

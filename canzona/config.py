@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from canzona.cost import COSTS
 from canzona.errors import ConfigError
+from canzona.hardware import DEFAULT_HARDWARE
 from canzona.inventory import (
     OVERRIDE_KEYS,
     QWEN3_MOE,
@@ -32,7 +33,6 @@ from canzona.overrides import Arguments, Renamed, build, move_keys, parent_mappi
 from canzona.peers import PEERS, TP_MODES
 from canzona.plan import registry as methods
 from canzona.schema_doc import KeyDoc, check_choices, key_docs, setting
-from canzona.sim.hardware import DEFAULT_HARDWARE
 
 OPTIMIZERS = optimizers.NAMES
 GROUPINGS = ("rounds", "global", "slot", "single", "none")

@@ -15,28 +15,26 @@ numbers come from), which the plan carries:
   (`canzona.optim.registry`), refreshes amortised over their interval, preconditioner blocking
   included; elementwise updates charged a fixed flop equivalent per element.
 - ``numel``: the linear proxy every ZeRO implementation balances on.
-``auto`` (the default, `select_cost_model`) is ``measured`` when the plan's device is on this
-machine and ``roofline`` otherwise. Planners only compare costs with each other, so any
-positive unit works.
+``auto`` (the default) is ``measured`` when the plan's device is on this machine and
+``roofline`` otherwise. The choice, and the calibration a measured model is handed, are made
+from a trial's config by `canzona.plan.from_config.select_cost_model`: the models here are pure
+(no config, no cache, no clock). Planners only compare costs with each other, so any positive
+unit works.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import yaml
 
-from canzona.devices import device_here, threads_per_rank
 from canzona.errors import ConfigError
 from canzona.inventory import ParamSpec
 from canzona.optim import registry
 from canzona.optim.section import OptimizerSection
 from canzona.optim.spec import OptimizerDef
-
-if TYPE_CHECKING:
-    from canzona.calibrate.cache import Calibration
 
 COSTS = ("auto", "measured", "roofline", "flops", "numel")
 # Elementwise AdamW's flops are memory-bound: it reads and writes param, grad and two moments
@@ -53,6 +51,17 @@ class CostModel(Protocol):
     source: str
 
     def cost(self, spec: ParamSpec) -> float: ...
+
+
+class Calibration(Protocol):
+    """What the measured model reads of a calibration (`canzona.calibrate.cache.Calibration`,
+    which the caller loads or takes: a cost model is handed one, it does not decide to time)."""
+
+    elementwise: dict[str, float]
+
+    def table(self, optimizer: str, settings: Any) -> dict[str, dict[str, Any]]: ...
+
+    def describe(self) -> str: ...
 
 
 def _matrix_shapes(spec: ParamSpec) -> list[tuple[int, int]]:
@@ -170,88 +179,3 @@ def from_calibration(calibration: Calibration, optimizer: str, flops: FlopsCost)
     ew = calibration.elementwise
     return MeasuredCost(optimizer, table, float(ew["seconds_per_element"]), flops, float(ew["tensor_overhead_s"]),
                         source=calibration.describe())
-
-
-def make_cost_model(
-    kind: str,
-    optimizer: str,
-    *,
-    ns_steps: int = 5,
-    precondition_frequency: int = 10,
-    table: str | None = None,
-    elementwise_flops: float = ELEMENTWISE_FLOP_EQUIVALENT,
-    settings: Any = None,
-    calibration: Calibration | None = None,
-    hardware: Any = None,
-) -> CostModel:
-    """A cost model of an explicit ``kind``. ``settings``, the whole optimizer section (so
-    ``max_preconditioner_dim`` and any other option counts), wins over the ``ns_steps`` /
-    ``precondition_frequency`` shorthands. ``measured`` reads ``table`` (the path of a hardware file
-    that ``python -m canzona.calibrate`` wrote) or else ``calibration`` (this machine's cache, see
-    `select_cost_model`); ``roofline`` runs on ``hardware`` (a `canzona.sim.hardware.Hardware`, a
-    name or a path; None: `canzona.sim.hardware.DEFAULT_HARDWARE`)."""
-    if settings is None:
-        settings = OptimizerSection(ns_steps=ns_steps, precondition_frequency=precondition_frequency)
-    flops = FlopsCost(optimizer, settings, elementwise_flops)
-    if kind == "numel":
-        return NumelCost()
-    if kind == "flops":
-        return flops
-    if kind == "measured":
-        if table is not None:
-            return load_measured(table, optimizer, flops)
-        if calibration is None:
-            raise ConfigError("planner.cost=measured needs planner.measured_table=PATH or this machine's calibration")
-        return from_calibration(calibration, optimizer, flops)
-    if kind == "roofline":
-        from canzona.roofline import RooflineCost
-        from canzona.sim.hardware import DEFAULT_HARDWARE
-
-        return RooflineCost.on(hardware or DEFAULT_HARDWARE, optimizer, settings)
-    raise ConfigError(f"planner.cost={kind!r} is not allowed; choose one of: {', '.join(COSTS)}")
-
-
-def select_cost_model(cfg: Any, device: str, *, hardware: Any = None, threads: int | None = None,
-                      log: Any = None) -> CostModel:
-    """The cost model a plan of ``cfg`` for a ``device`` (cpu | cuda) uses.
-
-    ``planner.cost=auto``: ``measured`` when this machine has such a device (a CPU always; CUDA
-    when a GPU is visible), timed into this machine's calibration cache as needed (or read from
-    ``planner.measured_table`` when given); otherwise ``roofline`` on ``hardware`` (the
-    simulator's), else ``planner.cost_hardware``. ``threads``:
-    the torch threads per rank the trial runs with (default: ``dist.threads_per_rank``, else the
-    cores shared by the ranks of one local trial). ``log`` hears the cache's path.
-    """
-    kind = cfg.planner.cost
-    from canzona.plan.registry import elementwise_only
-
-    optimizer = "adamw" if elementwise_only(cfg.method.dp) else cfg.optimizer.name
-    if kind == "auto":
-        kind = "measured" if device_here(device) or cfg.planner.measured_table else "roofline"
-    measured_here = kind == "measured" and not cfg.planner.measured_table
-    if measured_here and not device_here(device):
-        raise ConfigError(f"planner.cost=measured: this machine has no {device} device to time (dist.device="
-                          f"{cfg.dist.device}); use planner.cost=roofline or planner.measured_table=PATH")
-    calibration = None
-    if measured_here:
-        calibration = _calibration(cfg, device, optimizer, threads, log)
-    return make_cost_model(kind, optimizer, table=cfg.planner.measured_table if kind == "measured" else None,
-                           elementwise_flops=cfg.planner.elementwise_flops, settings=cfg.optimizer,
-                           calibration=calibration, hardware=hardware or cfg.planner.cost_hardware)
-
-
-def _calibration(cfg: Any, device: str, optimizer: str, threads: int | None, log: Any) -> Calibration:
-    from canzona.calibrate.cache import Need, ensure
-    from canzona.inventory import build_inventory
-
-    if threads is None:
-        threads = threads_per_rank(cfg)
-    d = registry.get(optimizer)
-    needs = []
-    if d.matrix:
-        params = build_inventory(cfg.model_cfg(), split_fused=cfg.model.split_fused,
-                                 matrix_embeddings=cfg.model.matrix_embeddings)
-        shapes = [s for p in params if p.kind == "matrix" for s in _matrix_shapes(p)]
-        needs.append(Need(optimizer, cfg.optimizer, tuple(d.calibration_shapes(shapes, cfg.optimizer))))
-    calibration, _ = ensure(device, threads, needs, cfg.planner.cost_cache, log)
-    return calibration

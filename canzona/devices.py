@@ -1,13 +1,11 @@
-"""Which device, dtype and threads a trial runs with (no torch import unless a question needs it).
+"""Which device and dtype a trial runs with (no torch import unless a question needs it).
 
-The one place that resolves ``dist.device`` / a calibration's ``device`` (auto | cpu | cuda)
-against what this machine has, and ``dist.threads_per_rank``.
+The one place that resolves a device setting (``dist.device``, a calibration's ``device``: auto |
+cpu | cuda) against what this machine has; a trial's own (`trial_device`, `threads_per_rank`)
+are read from its config by `canzona.plan.from_config`.
 """
 
 from __future__ import annotations
-
-import os
-from typing import Any
 
 
 def cpu_has_bf16() -> bool:
@@ -60,20 +58,3 @@ def resolve_device(requested: str, *, required: bool = False, key: str = "dist.d
 
         raise ConfigError(f"{key}=cuda but no CUDA device is visible; use {key}=cpu or auto")
     return requested
-
-
-def trial_device(cfg: Any, *, required: bool = False) -> str:
-    """The device kind a trial of ``cfg`` runs on here: ``dist.device`` resolved
-    (`resolve_device`; ``required`` when the trial's ranks run in this process)."""
-    return resolve_device(cfg.dist.device, required=required)
-
-
-def threads_per_rank(cfg: Any, ranks: int | None = None, cores: int | None = None) -> int:
-    """The torch threads each rank of a trial of ``cfg`` runs with: ``dist.threads_per_rank``,
-    else the ``cores`` (default: this machine's) shared among ``ranks`` (default: the trial's
-    world size; a rank passes the ranks on its host), at least one."""
-    if cfg.dist.threads_per_rank:
-        return cfg.dist.threads_per_rank
-    if cores is None:
-        cores = os.cpu_count() or 1
-    return max(1, int(cores) // max(1, cfg.world_size if ranks is None else ranks))

@@ -55,7 +55,7 @@ def _schema_keys(module: str, cls: str) -> Callable[[], list[tuple[str, list[Key
 
 
 def _simulate_keys() -> list[tuple[str, list[KeyDoc]]]:
-    from canzona.sim.hardware import DEFAULT_HARDWARE
+    from canzona.hardware import DEFAULT_HARDWARE
 
     hardware = KeyDoc("hardware", "str", DEFAULT_HARDWARE, "hardware file: h100, h200, a100, local, or a YAML path", None)
     return [("keys", [hardware]), *_trial_keys()]

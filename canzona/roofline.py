@@ -12,7 +12,7 @@ preconditioner) an update costs `Hardware.update_seconds` with its refresh amort
 plus one per-kernel overhead (the hardware file's per-update overhead: launches, Python), and an
 elementwise AdamW parameter costs its per-tensor overhead plus its elements at the hardware's
 AdamW seconds per element (its bytes per element over the memory bandwidth in a spec-derived
-file). The rates are the hardware description's (`canzona.sim.hardware`): peaks times the stated
+file). The rates are the hardware description's (`canzona.hardware`): peaks times the stated
 efficiencies for spec-derived files, measured ones for calibrated files.
 """
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from canzona.hardware import Hardware, load_hardware
 from canzona.inventory import ParamSpec
 from canzona.optim import registry
 from canzona.optim.spec import OptimizerDef
-from canzona.sim.hardware import Hardware, load_hardware
 
 
 @dataclass

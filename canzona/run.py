@@ -29,8 +29,8 @@ from typing import Any
 from canzona.cli import refuse, run_command
 from canzona.config import parse_cli
 from canzona.errors import ConfigError
+from canzona.launch_env import launched_externally
 from canzona.records import RECORD_FILES, SUMMARY_FILE, writable_folder
-from canzona.trial.env import launched_externally
 
 __all__ = ["main"]
 _LAUNCH = ("run_rank_from_env", "run_trial")
@@ -54,7 +54,7 @@ def _run(argv: list[str]) -> int:
     if not cfg.out:
         raise ConfigError("out=DIR is required: where the trial writes its records")
     from canzona.cost import NumelCost
-    from canzona.plan.methods import plan_inputs
+    from canzona.plan.from_config import plan_inputs
 
     # the layout check only, no plan: the trial plans once, where its costs are chosen (the
     # local launcher, or rank 0 of an external launch, which hands the plan to every rank)
@@ -63,7 +63,7 @@ def _run(argv: list[str]) -> int:
     out = Path(cfg.out)
     prepare = partial(prepare_out, cfg.out, overwrite="--overwrite" in args.flags)
     if launched_externally():  # rank 0 prepares `out`; every rank goes on or reports its error
-        from canzona.trial.env import launch_env
+        from canzona.launch_env import launch_env
         from canzona.trial.verdict import rank_zero_verdict
 
         rank_zero_verdict(prepare, launch_env(), cfg.dist.timeout_s)

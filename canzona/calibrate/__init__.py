@@ -30,7 +30,7 @@ CPU, about a minute on a GPU), ``budget_s=`` (optimizer timing budget, default 3
 ``threads=1``, ``width_divs=8,16,32``, ``optimizers=muon,shampoo,soap``, ``collectives=true``,
 ``model=`` (default: not quick), ``precondition_frequency=10``, ``device=auto|cpu|cuda``,
 ``spec=auto|none|h100|h200|a100``. Unknown keys are refused.
-Everything is written to one YAML file in the format of `canzona.sim.hardware`;
+Everything is written to one YAML file in the format of `canzona.hardware`;
 `canzona.cost.load_measured` reads its ``updates`` table for ``planner.cost=measured``.
 
 Modules: `settings` (the command line), `shapes` (what to time), `clock` (timing a call on the

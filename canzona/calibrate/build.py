@@ -1,4 +1,4 @@
-"""Running the calibration and assembling its hardware file (format: `canzona.sim.hardware`)."""
+"""Running the calibration and assembling its hardware file (format: `canzona.hardware`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from canzona.calibrate.fit import fit_link, fit_pass
 from canzona.calibrate.settings import Options
 from canzona.calibrate.workers import run_workers
 from canzona.devices import resolve_device
-from canzona.sim.hardware import COLLECTIVES, SPECS, spec_hardware
+from canzona.hardware import COLLECTIVES, SPECS, spec_hardware
 
 # Links written when collectives are neither measured nor taken from a spec (collectives=false on CPU).
 PLACEHOLDER_LINK = {"latency_s": 1e-4, "step_latency_s": 1e-4, "bandwidth_Bps": 1e9}
@@ -162,7 +162,7 @@ def _collectives(opts: Options, kind: str, gpus: int, workers: dict[str, Any], s
     if spec:
         sp = spec_hardware(spec)
         notes.append(f"{why}; kept the spec-derived collectives and overlap of {spec} "
-                     f"(canzona.sim.hardware.spec_hardware('{spec}'))")
+                     f"(canzona.hardware.spec_hardware('{spec}'))")
         return sp["collectives"], "spec", float(sp["compute"]["overlap"])
     notes.append(f"{why}; collectives are placeholders (100 us, 1 GB/s), not measurements"
                  + (": give spec=h100|h200|a100 to use a spec's" if kind == "cuda" else ""))
@@ -188,7 +188,7 @@ def write_hardware(hardware: dict[str, Any], out: str | Path) -> Path:
 
     out = Path(out)
     header = (f"# Calibrated hardware file, written by `python -m canzona.calibrate` on {hardware['device']['host']} "
-              f"at {hardware['device']['date']}.\n# Format: canzona/sim/hardware.py. `updates` is the table "
+              f"at {hardware['device']['date']}.\n# Format: canzona/hardware.py. `updates` is the table "
               "planner.cost=measured reads (seconds per update of one matrix).\n")
     atomic_write_text(out, header + yaml.safe_dump(hardware, sort_keys=False, width=110))
     return out

@@ -8,7 +8,7 @@ from functools import partial
 from typing import Any
 
 from canzona.calibrate.clock import Clock
-from canzona.sim.hardware import COLLECTIVES
+from canzona.hardware import COLLECTIVES
 
 
 def single_tensor_collectives() -> tuple[Any, Any]:
@@ -22,7 +22,7 @@ def single_tensor_collectives() -> tuple[Any, Any]:
 
 
 def collective_ops(n: int, world: int, device: Any) -> dict[str, tuple[Any, float]]:
-    """kind -> (call, N bytes as `canzona.sim.hardware.volume` expects) for an n-element buffer."""
+    """kind -> (call, N bytes as `canzona.hardware.volume` expects) for an n-element buffer."""
     import torch
     import torch.distributed as dist
 

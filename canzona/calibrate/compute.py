@@ -12,7 +12,7 @@ from typing import Any
 from canzona.calibrate.clock import Clock, solo
 from canzona.calibrate.settings import Options
 from canzona.calibrate.shapes import calibration_shapes, local_sweep_shapes
-from canzona.sim.hardware import refresh_flops, steady_flops
+from canzona.hardware import refresh_flops, steady_flops
 
 Sync = Callable[[bool], bool]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from canzona.sim.hardware import volume
+from canzona.hardware import volume
 
 
 def fit_link(kind: str, samples: list[list[float]], p: int = 2) -> dict[str, float]:

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from canzona.errors import ConfigError
+from canzona.hardware import SPECS
 from canzona.optim import registry
 from canzona.overrides import build, split_argv
 from canzona.schema_doc import setting
-from canzona.sim.hardware import SPECS
 
 OPTIMIZERS = registry.MATRIX_NAMES  # every registered matrix optimizer
 DEVICES = ("auto", "cpu", "cuda")

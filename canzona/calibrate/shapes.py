@@ -8,8 +8,8 @@ import yaml
 
 from canzona import CHECKOUT
 from canzona.errors import ConfigError
+from canzona.hardware import steady_flops
 from canzona.inventory import QWEN3, build_inventory, model_config
-from canzona.sim.hardware import steady_flops
 
 SWEEP_FILE = CHECKOUT / "sweeps" / "configs" / "qwen3_scaling.yaml"
 # Fallback when the sweep file cannot be read: its `local` profile's sizes.

@@ -1,7 +1,7 @@
 """Process-group setup for the model: torch.distributed world + Megatron's TP/DP and expert groups.
 
 The same code runs on CPU/gloo and CUDA/NCCL. ``init_parallel`` reads the launch from the
-environment (`canzona.trial.env.launch_env`: torchrun's / submitit's variables, or Slurm's own
+environment (`canzona.launch_env.launch_env`: torchrun's / submitit's variables, or Slurm's own
 under a plain ``srun``) when the default process group is not up yet, then lays out Megatron's
 groups (TP ranks contiguous: global rank = dp_rank * tp + tp_rank, `canzona.layout.RankLayout`).
 
@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 from canzona import dist_rules
 from canzona.errors import ConfigError
+from canzona.launch_env import launch_env, local_device_index
 from canzona.layout import ExpertLayout
 from canzona.net import free_port
-from canzona.trial.env import launch_env, local_device_index
 
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed" on import
     warnings.simplefilter("ignore")
@@ -77,7 +77,7 @@ def init_parallel(
     TP/DP groups and expert groups.
 
     ``device`` is ``"cpu"`` (gloo) or ``"cuda"`` (one CUDA device per process, chosen by
-    `canzona.trial.env.local_device_index`; groups ``cpu:gloo,cuda:nccl``); ``"gloo"`` and
+    `canzona.launch_env.local_device_index`; groups ``cpu:gloo,cuda:nccl``); ``"gloo"`` and
     ``"nccl"`` are accepted as their aliases. ``gloo_groups`` asks Megatron for its extra gloo
     DP groups (only its distributed-optimizer checkpointing uses them). The chosen device is
     declared to `canzona.dist_rules`. ``ep`` expert-parallel ranks and ``etp`` expert-TP ranks

@@ -85,7 +85,7 @@ def check(cfg: Any, settings: dict[str, Any] | None = None) -> None:
 def worker_config(cfg: Any, out: Path, settings: dict[str, Any] | None = None, *, device: str | None = None,
                   threads: int | None = None) -> dict[str, Any]:
     """The JSON the worker reads: the trial resolved (shapes, steps, optimizer, DDP, peer settings)."""
-    from canzona.devices import threads_per_rank, trial_device
+    from canzona.plan.from_config import threads_per_rank, trial_device
     from canzona.records import STEP_FIELDS
 
     check(cfg, settings)

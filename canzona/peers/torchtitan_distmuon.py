@@ -147,8 +147,9 @@ def run(cfg: Any, out: Path) -> PeerRun:
     import torch.multiprocessing as mp
 
     from canzona import dist_rules, pythonpath_with_checkout
-    from canzona.devices import resolve_dtype, threads_per_rank, trial_device
+    from canzona.devices import resolve_dtype
     from canzona.net import free_port
+    from canzona.plan.from_config import threads_per_rank, trial_device
     from canzona.trial import lifeline
     from canzona.trial.launch import stop_ranks
 

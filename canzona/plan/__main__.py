@@ -13,7 +13,7 @@ from canzona.config import TrialConfig, parse_cli
 from canzona.errors import ConfigError
 from canzona.inventory import ParamSpec
 from canzona.plan.critical_path import CriticalPath, critical_path
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_plan
 from canzona.plan.types import Plan
 from canzona.program.count import PlanMetrics, compute_metrics
 from canzona.program.lower import lower_rank

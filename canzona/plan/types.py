@@ -24,7 +24,8 @@ TpMode = Literal["pipeline", "duplicated", "local"]
 class Execution:
     """The trial settings that shape how a plan runs (read by `canzona.program.lower` only), so
     that a plan alone says everything needed to lower it to per-rank programs. No defaults: each
-    value comes from the trial's config (`from_config`), whose schema holds the defaults."""
+    value comes from the trial's config (`canzona.plan.from_config.execution`), whose schema holds
+    the defaults."""
 
     dp_collective: str  # uneven-shard DP collective: auto | padded | reduce_loop | coalesced | all_to_all
     overlap_grad_reduce: bool  # bucket reductions issued from backward hooks
@@ -36,16 +37,6 @@ class Execution:
     device: str  # the device kind the plan runs on (cpu | cuda)
     grad_accum: int  # micro-batches (forward + backward) per iteration
     clip_norm_dtype: str  # the norm's accumulation: float32 (Megatron) or float64 (exact)
-
-    @classmethod
-    def from_config(cls, cfg, device: str) -> Execution:
-        from canzona.devices import resolve_dtype
-
-        dtype, why = resolve_dtype(cfg.train.dtype, device)
-        return cls(dp_collective=cfg.dist.dp_collective, overlap_grad_reduce=cfg.dist.overlap_grad_reduce,
-                   pipeline_depth=cfg.planner.pipeline_depth, dtype=dtype, dtype_reason=why,
-                   overlap_param_gather=cfg.dist.overlap_param_gather, clip_grad=cfg.optimizer.clip_grad,
-                   device=device, grad_accum=cfg.train.grad_accum, clip_norm_dtype=cfg.optimizer.clip_norm_dtype)
 
 
 class _Sized:
@@ -70,7 +61,7 @@ class _Sized:
 @dataclass(frozen=True)
 class PlanSettings:
     """The strategies' own knobs (from ``planner.*`` and ``dist.sync_variant``), nothing else; no
-    defaults: `canzona.plan.methods.plan_settings` takes them from the config's schema."""
+    defaults: `canzona.plan.from_config.plan_settings` takes them from the config's schema."""
 
     alpha: float  # balanced: 1 balances the optimizer's cost, 0 the shards' elements
     dp_variant: str  # balanced: exact per-bucket min-max split, or the paper's snap
@@ -82,7 +73,7 @@ class PlanSettings:
 @dataclass(frozen=True)
 class PlanInputs(_Sized):
     """Everything a planner reads: shapes, the buffer layout, one cost per param and the
-    strategies' settings. Built from a trial's config by `canzona.plan.methods.plan_inputs`; the
+    strategies' settings. Built from a trial's config by `canzona.plan.from_config.plan_inputs`; the
     planners never see the config, a cost model or a clock."""
 
     params: tuple[ParamSpec, ...]
@@ -164,7 +155,7 @@ class Plan(_Sized):
     micro_groups: tuple[tuple[MicroGroup, ...], ...]
     plan_seconds: float = 0.0
     # how it runs: None on a plan straight from the planner (`canzona.plan.compose`), which does
-    # not decide it; `canzona.plan.methods.make_plan` adds the trial's (lowering needs it)
+    # not decide it; `canzona.plan.from_config.make_plan` adds the trial's (lowering needs it)
     execution: Execution | None = None
     # Where the costs came from (`planner.cost`): "measured: <calibration cache> (host, device,
     # torch, date)", "roofline: hardware/h100.yaml", ...

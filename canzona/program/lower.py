@@ -112,7 +112,7 @@ class _Lowering:
         self.reduces = plan.dp > 1 or reduce_alone
         if plan.execution is None:
             raise ValueError("a plan is lowered with the trial's execution settings: make it with "
-                             "canzona.plan.methods.make_plan, which adds them")
+                             "canzona.plan.from_config.make_plan, which adds them")
         self.ex = plan.execution
         self.dp, self.tp = plan.dp, plan.tp
         self.grid = plan.rank_layout

@@ -1,7 +1,6 @@
-"""Scale projection: hardware descriptions, a per-rank timeline model of the executors, validation.
+"""Scale projection: a per-rank timeline model of the executors, validation (on the hardware
+descriptions of `canzona.hardware`).
 
-- `canzona.sim.hardware`  load a hardware file (``hardware/*.yaml``: calibrated or spec-derived)
-  and turn shapes, element counts and bytes into seconds.
 - `canzona.sim.model`     forward / backward flops and the backward walk that fills buckets.
 - `canzona.sim.timeline`  the discrete timeline: a host clock per rank, one comm stream per
   rank and process-group kind, collectives that start when every member issued them.

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from canzona.hardware import Hardware
 from canzona.layout import RankLayout
 from canzona.plan.experts import rank_space
 from canzona.program.actions import (
@@ -54,7 +55,6 @@ from canzona.program.actions import (
     dispatch_table,
 )
 from canzona.program.lower import comm_of
-from canzona.sim.hardware import Hardware
 from canzona.sim.model import model_work
 from canzona.sim.timeline import Handle, Timeline
 

@@ -37,11 +37,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from canzona.config import TrialConfig
+from canzona.hardware import Hardware
 from canzona.inventory import ModelConfig, build_inventory
 from canzona.plan.experts import RankSpace, rank_space
 from canzona.plan.types import Plan
 from canzona.program.lower import forward_positions
-from canzona.sim.hardware import Hardware
 
 BYTES = 4  # the executor's grad and param buffers are fp32
 HOOK_COPY_FACTOR = 1.5  # grad_view.add_(grad): read two, write one (in units of one copy)

@@ -91,7 +91,7 @@ def project_points(path: str | Path = POINTS_FILE) -> list[PointResult]:
 
 @functools.lru_cache(maxsize=4)
 def _project_points(path: str, content: bytes) -> tuple[PointResult, ...]:
-    from canzona.sim.hardware import load_hardware
+    from canzona.hardware import load_hardware
 
     out = []
     for p in load_points(path):

@@ -18,15 +18,15 @@ from typing import Any
 import numpy as np
 
 from canzona.config import TrialConfig
-from canzona.devices import threads_per_rank
+from canzona.hardware import DEFAULT_HARDWARE, Hardware, load_hardware
 from canzona.overrides import Renamed
+from canzona.plan.from_config import threads_per_rank
 from canzona.plan.summary import plan_record
 from canzona.plan.types import Plan
 from canzona.program.count import count_programs
 from canzona.program.lower import lower
 from canzona.records import PHASES, write_records
 from canzona.sim.claims import PAPER_CLAIMS  # re-exported: the paper's headline, beside projections
-from canzona.sim.hardware import DEFAULT_HARDWARE, Hardware, load_hardware
 from canzona.sim.interpret import ProgramSim
 from canzona.sim.model import ModelWork, forward_flops, model_work
 
@@ -54,12 +54,12 @@ def simulate(cfg: TrialConfig, hardware: Any, plan: Plan | None = None) -> Progr
     (4 ranks on 2 cores, docs/results.md), the ranks' compute phases take the full ratio even
     where their mean number of busy ranks is lower.
     """
-    from canzona.cost import select_cost_model
-    from canzona.plan.methods import make_plan
+    from canzona.plan.from_config import make_plan
+
     hw = load_hardware(hardware)
     if plan is None:  # planned for the hardware's device, with its roofline where it is not this machine's
         kind = str(hw.device.get("kind", "cpu"))
-        plan = make_plan(cfg, device=kind, cost_model=select_cost_model(cfg, kind, hardware=hw))
+        plan = make_plan(cfg, device=kind, hardware=hw)
     programs = lower(plan)
     scale, _, _ = oversubscription(cfg, hw)
     sim = ProgramSim(cfg, plan, programs, hw, scale, scale)
@@ -164,7 +164,7 @@ def project(cfg: TrialConfig, hardware: Any, *, plan: Plan | None = None, events
     ``events``: "all", "none", or "auto" (all ranks up to 64, else the critical, the fastest
     and rank 0).
     """
-    from canzona.plan.methods import refuse_peer
+    from canzona.plan.from_config import refuse_peer
 
     refuse_peer(cfg)
     t0 = time.perf_counter()

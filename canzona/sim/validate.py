@@ -39,6 +39,7 @@ import yaml
 from canzona.cli import run_command, usage
 from canzona.config import load_config, read_config
 from canzona.errors import ConfigError
+from canzona.hardware import Hardware, load_hardware
 from canzona.overrides import Renamed, build, split_argv
 from canzona.records import (
     CONFIG_FILE,
@@ -50,7 +51,6 @@ from canzona.records import (
     read_summary,
 )
 from canzona.schema_doc import setting
-from canzona.sim.hardware import Hardware, load_hardware
 from canzona.sim.simulate import project
 
 METRICS = ("optimizer_step_ms", "iteration_ms", "param_sync_ms", "grad_reduce_ms")

@@ -38,8 +38,8 @@ from typing import Any
 
 import submitit
 
+from canzona.hardware import Hardware
 from canzona.net import free_port
-from canzona.sim.hardware import Hardware
 from canzona.sweep.backend import Backend, Submitted
 from canzona.sweep.dryrun import DryRunBackend
 from canzona.sweep.handles import JobHandle, RunHandle, traceback_line
@@ -74,8 +74,8 @@ class TrialTask(submitit.helpers.Checkpointable):
         threads = (self.config.get("dist") or {}).get("threads_per_rank")
         if threads:
             os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        from canzona import run as trial_run
         from canzona.config import load_config
+        from canzona.trial import launch as trial_run
 
         cfg = load_config(base=self.config)
         out = Path(self.out)

@@ -18,6 +18,7 @@ import yaml
 
 from canzona.cli import HELP, run_command
 from canzona.errors import ConfigError
+from canzona.hardware import Hardware, load_hardware
 from canzona.records import (
     DRYRUN_CSV,
     HARDWARE_FILE,
@@ -27,7 +28,6 @@ from canzona.records import (
     atomic_write_text,
     writable_folder,
 )
-from canzona.sim.hardware import Hardware, load_hardware
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.backends import backend_class, make_backend, run_stamp, submitit_parameters
 from canzona.sweep.dryrun import memory_table

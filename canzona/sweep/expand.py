@@ -163,7 +163,7 @@ def resolve(dotted: dict[str, Any], tag: str) -> TrialConfig:
         except ConfigError as e:
             raise ConfigError(f"{tag}: {e}") from None
     if cfg.planner.cost == "measured":  # planner.measured_table must exist and fit: check it now
-        from canzona.plan.methods import make_plan
+        from canzona.plan.from_config import make_plan
 
         try:
             make_plan(cfg)

@@ -21,8 +21,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from canzona.hardware import Hardware
 from canzona.records import STDERR_FILE
-from canzona.sim.hardware import Hardware
 from canzona.sweep import bookkeeping as bk
 from canzona.sweep.backend import Backend, Submitted
 from canzona.sweep.handles import FutureHandle, InlineFuture, RunHandle, wait_any

@@ -123,7 +123,7 @@ class ExpandedSweep:
     def sim_hardware(self) -> str | None:
         """The hardware of this sweep: ``sim.hardware`` if given; else the default (h100) for
         cluster=simulate, hardware/local.yaml (if it exists) for the report of a measured sweep."""
-        from canzona.sim.hardware import DEFAULT_HARDWARE, local_file
+        from canzona.hardware import DEFAULT_HARDWARE, local_file
 
         if self.settings.sim.hardware:
             return self.settings.sim.hardware

@@ -17,10 +17,10 @@ from typing import Any
 from canzona import pythonpath_with_checkout
 from canzona.config import TrialConfig, load_config
 from canzona.errors import ConfigError
+from canzona.launch_env import LOCAL_ADDR, LaunchEnv, launch_env, launched_externally
 from canzona.net import free_port
 from canzona.records import SUMMARY_FILE
 from canzona.trial import lifeline
-from canzona.trial.env import LOCAL_ADDR, LaunchEnv, launch_env, launched_externally
 from canzona.trial.rank import run_rank
 
 __all__ = ["launched_externally", "run_rank_from_env", "run_trial"]
@@ -37,7 +37,7 @@ def run_trial(cfg: TrialConfig, out: Path) -> dict[str, Any]:
 
     from canzona import dist_rules
     from canzona.config import check_runnable
-    from canzona.plan.methods import make_plan
+    from canzona.plan.from_config import make_plan
 
     check_runnable(cfg)
     plan = make_plan(cfg)  # invalid layouts fail here, before any process starts

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from canzona.config import TrialConfig
-from canzona.devices import threads_per_rank, trial_device
+from canzona.plan.from_config import threads_per_rank, trial_device
 from canzona.records import PHASES
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from canzona.errors import ConfigError
-from canzona.trial.env import LaunchEnv
+from canzona.launch_env import LaunchEnv
 
 KEY = "canzona/verdict"  # rank 0's verdict: {"error": null | "the one line"}
 READ = "canzona/verdict_read/"  # + rank: set by each other rank once it has read the verdict

@@ -13,7 +13,7 @@ import yaml
 from canzona.calibrate import cache
 from canzona.calibrate.cache import this_device
 from canzona.config import load_config
-from canzona.cost import select_cost_model
+from canzona.plan.from_config import select_cost_model
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ ARGS = ["model=qwen3-0.6b", "model.width_div=8", "model.num_layers=2", "parallel
 def _ranks_plan(rank: int, world: int, dirs: list[str]) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from canzona.plan.methods import make_plan
+    from canzona.plan.from_config import make_plan
     from canzona.trial.shared_plan import shared_plan
 
     os.environ[cache.ENV] = dirs[rank]

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from canzona.config import load_config
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_plan
 from canzona.program.check import compare_recorded
 from canzona.program.lower import lower
 from canzona.trial.dryrun import dry_run_trial

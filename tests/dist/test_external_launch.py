@@ -26,7 +26,7 @@ def _verdict_then_group(rank: int, world: int, folder: str, fail: bool) -> str:
     import torch
     import torch.distributed as dist
 
-    from canzona.trial.env import launch_env
+    from canzona.launch_env import launch_env
     from canzona.trial.verdict import rank_zero_verdict
 
     def check() -> None:

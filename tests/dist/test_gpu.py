@@ -45,7 +45,7 @@ def _step_parity_worker(rank: int, world: int, dp: int) -> dict:
     from canzona.model.parallel import init_parallel
     from canzona.model.qwen3 import build_model, full_state_dict
     from canzona.optim.owner import ReferenceOptimizer
-    from canzona.plan.methods import make_plan
+    from canzona.plan.from_config import make_plan
     from canzona.program.check import compare_recorded
     from canzona.program.lower import lower_rank
 

@@ -50,7 +50,7 @@ def _worker(rank: int, world: int, dp: int, tp: int, ep: int, etp: int) -> dict:
     from canzona.model.parallel import init_parallel
     from canzona.model.qwen3 import build_model
     from canzona.plan.experts import rank_space
-    from canzona.plan.methods import make_plan
+    from canzona.plan.from_config import make_plan
     from canzona.program.check import compare_recorded
     from canzona.program.lower import lower_rank
 
@@ -103,7 +103,7 @@ def _reference(method: str, optimizer: str, dp: int, tp: int, ep: int, etp: int)
     from canzona.config import load_config
     from canzona.inventory import build_inventory
     from canzona.optim.owner import ReferenceOptimizer
-    from canzona.plan.methods import make_plan
+    from canzona.plan.from_config import make_plan
 
     cfg = load_config([*MODEL, f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.ep={ep}", f"parallel.etp={etp}", f"method={method}",
                        f"optimizer={optimizer}", "planner.cost=numel"])

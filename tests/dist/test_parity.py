@@ -118,7 +118,7 @@ def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> 
     from canzona.model.parallel import init_parallel
     from canzona.model.qwen3 import build_model, full_state_dict
     from canzona.optim.owner import ReferenceOptimizer
-    from canzona.plan.methods import make_plan
+    from canzona.plan.from_config import make_plan
     from canzona.program.check import compare_recorded
     from canzona.program.lower import lower_rank
 
@@ -372,7 +372,7 @@ def test_records_state_the_dtype_of_every_collective(tmp_path) -> None:
     import yaml
 
     from canzona.config import load_config
-    from canzona.plan.methods import make_plan
+    from canzona.plan.from_config import make_plan
     from canzona.program.lower import lower
     from canzona.run import run_trial
 

@@ -41,7 +41,7 @@ class ChildError(RuntimeError):
 # Imported once by the forkserver every rank forks from, instead of by each spawned rank (torch,
 # megatron-core and the harness take seconds of CPU per process; a slow pass starts hundreds).
 PRELOAD = ["torch", "torch.distributed", "megatron.core.parallel_state", "megatron.core.tensor_parallel",
-           "canzona.model.qwen3", "canzona.executor.runtime", "canzona.plan.methods", "canzona.program.lower"]
+           "canzona.model.qwen3", "canzona.executor.runtime", "canzona.plan.from_config", "canzona.program.lower"]
 
 
 def _context():

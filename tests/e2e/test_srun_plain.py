@@ -1,7 +1,7 @@
 """A plain ``srun python -m canzona.run ...`` on the real Slurm controller (slurm/dev-cluster.sh),
 with none of torch's launch variables exported: every rank finds its rank, world, local rank,
 ``MASTER_ADDR`` (the job's first node) and ``MASTER_PORT`` (from the job id) in Slurm's own
-environment (`canzona.trial.env`).
+environment (`canzona.launch_env`).
 
 Uses the session's ``slurm_cluster`` fixture (tests/e2e/conftest.py) (same skip rules).
 """
@@ -31,7 +31,7 @@ def _srun(*cmd: str, timeout: float) -> subprocess.CompletedProcess:
 
 
 def test_srun_tasks_derive_their_launch_env(slurm_cluster) -> None:
-    probe = ("import json, os; from canzona.trial.env import launch_env; e = launch_env(); "
+    probe = ("import json, os; from canzona.launch_env import launch_env; e = launch_env(); "
              "print(json.dumps({**e.__dict__, 'job': os.environ['SLURM_JOB_ID'], "
              "'nodes': os.environ['SLURM_JOB_NODELIST']}))")
     r = _srun(sys.executable, "-c", probe, timeout=120)

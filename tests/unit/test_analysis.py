@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 def _no_local_hardware(monkeypatch, tmp_path_factory):
     """Hermetic: whether this machine has a calibrated hardware/local.yaml must not matter here
     (the predicted-vs-measured section has its own tests in test_projection.py)."""
-    monkeypatch.setattr("canzona.sim.hardware.LOCAL_FILE", tmp_path_factory.getbasetemp() / "no-local.yaml")
-    monkeypatch.setattr("canzona.sim.hardware.BEFORE_RENAME_DIR", tmp_path_factory.getbasetemp() / "no-profiles")
+    monkeypatch.setattr("canzona.hardware.LOCAL_FILE", tmp_path_factory.getbasetemp() / "no-local.yaml")
+    monkeypatch.setattr("canzona.hardware.BEFORE_RENAME_DIR", tmp_path_factory.getbasetemp() / "no-profiles")
 
 
 @pytest.fixture(scope="module")

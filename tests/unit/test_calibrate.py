@@ -25,9 +25,9 @@ from canzona.calibrate import (
 from canzona.config import load_config
 from canzona.cost import FlopsCost, load_measured
 from canzona.errors import ConfigError
+from canzona.hardware import COLLECTIVES, load_hardware
 from canzona.inventory import build_inventory, model_config
-from canzona.plan.methods import make_plan
-from canzona.sim.hardware import COLLECTIVES, load_hardware
+from canzona.plan.from_config import make_plan
 from canzona.sim.simulate import project
 
 REPO = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def test_process_layout_and_what_one_gpu_keeps() -> None:
     """The decisions a GPU calibration takes, checked without a GPU: how many processes, and
     with one GPU the spec's collectives kept and said so."""
     from canzona.calibrate.build import _collectives, match_spec, processes
-    from canzona.sim.hardware import spec_hardware
+    from canzona.hardware import spec_hardware
 
     opts = parse_args(["out=x.yaml", "quick=true"])
     assert processes(opts, "cpu", 0) == 2  # gloo collectives between two processes

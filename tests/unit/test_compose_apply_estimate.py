@@ -6,12 +6,11 @@ small matrices cost more apply work than the compute they saved (canzona.plan.co
 from __future__ import annotations
 
 from canzona.config import load_config
-from canzona.cost import select_cost_model
+from canzona.hardware import load_hardware
 from canzona.plan.compose import elementwise_price, step_estimate
 from canzona.plan.critical_path import critical_path
+from canzona.plan.from_config import make_plan, plan_inputs, select_cost_model
 from canzona.plan.loads import owner_loads
-from canzona.plan.methods import make_plan, plan_inputs
-from canzona.sim.hardware import load_hardware
 
 AUTHORS = ["model=qwen3-14b", "parallel.dp=32", "parallel.tp=8", "optimizer.name=muon", "dist.device=cuda",
            "train.seq_len=2048", "train.micro_batch=4", "optimizer.ns_dtype=bfloat16", "bucket.size=400000000",

@@ -21,16 +21,16 @@ import yaml
 from canzona.calibrate import cache
 from canzona.calibrate.cache import Need, ensure, settings_key, this_device
 from canzona.config import load_config
-from canzona.cost import ELEMENTWISE_FLOP_EQUIVALENT, make_cost_model, select_cost_model
+from canzona.cost import ELEMENTWISE_FLOP_EQUIVALENT
 from canzona.errors import ConfigError
+from canzona.hardware import load_hardware, spec_hardware
 from canzona.inventory import ParamSpec, build_inventory
 from canzona.optim import registry
 from canzona.optim.section import OptimizerSection
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_cost_model, make_plan, select_cost_model
 from canzona.plan.summary import plan_record
 from canzona.program.count import compute_metrics
 from canzona.roofline import RooflineCost
-from canzona.sim.hardware import load_hardware, spec_hardware
 
 TINY = ["model=qwen3-0.6b", "model.width_div=32", "model.num_layers=1", "parallel.dp=2", "dist.threads_per_rank=1"]
 WIDER = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=1", "parallel.dp=2", "dist.threads_per_rank=1"]

@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from canzona.config import dry_run_ranks, load_config
 from canzona.errors import ConfigError
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_plan
 from canzona.program.lower import lower
 from canzona.trial.dryrun import dry_run_trial
 from canzona.trial.dryrun.observe import CollectiveError, Observer, _check_sizes

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from canzona.config import load_config
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_plan
 from canzona.plan.registry import PRESETS
 from canzona.program.actions import BucketGather, Forward
 from canzona.program.lower import forward_positions, lower

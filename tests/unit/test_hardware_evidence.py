@@ -1,6 +1,6 @@
 """Hardware files with their evidence: every number a spec-derived GPU file (``hardware/*.yaml``)
 rests on is labelled datasheet, published (with its source) or assumption, and each file is what
-`spec_hardware` regenerates (issue 28, item 4). The rules: the docstring of canzona.sim.hardware."""
+`spec_hardware` regenerates (issue 28, item 4). The rules: the docstring of canzona.hardware."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-import canzona.sim.hardware as hardware
+import canzona.hardware as hardware
 from canzona.errors import ConfigError
-from canzona.sim.hardware import (
+from canzona.hardware import (
     EFFICIENCY,
     EVIDENCE_LABELS,
     HARDWARE_DIR,
@@ -58,7 +58,7 @@ def test_the_committed_file_is_the_generator_output(key: str) -> None:
     committed = (HARDWARE_DIR / f"{key}.yaml").read_text()
     assert committed == spec_file_text(key), (
         f"hardware/{key}.yaml drifted from spec_hardware('{key}'): "
-        f"python -c \"from canzona.sim.hardware import write_spec_file; write_spec_file('{key}')\"")
+        f"python -c \"from canzona.hardware import write_spec_file; write_spec_file('{key}')\"")
     assert yaml.safe_load(committed) == spec_hardware(key)
 
 

@@ -1,4 +1,4 @@
-"""The launch environment of a rank (`canzona.trial.env`), derived without GPUs or a cluster:
+"""The launch environment of a rank (`canzona.launch_env`), derived without GPUs or a cluster:
 torchrun's variables, a plain multi-node ``srun`` (only Slurm's own variables), and the local
 CUDA device under the ways Slurm binds GPUs."""
 
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from canzona.errors import ConfigError
-from canzona.trial.env import (
+from canzona.launch_env import (
     LaunchEnv,
     expand_nodelist,
     launch_env,

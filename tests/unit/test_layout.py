@@ -44,7 +44,7 @@ def test_every_rank_is_in_one_group_per_axis(dp: int, tp: int) -> None:
 def test_a_plan_knows_its_rank_layout() -> None:
     from canzona.config import load_config
     from canzona.plan.buckets import BufferLayout
-    from canzona.plan.methods import plan_settings
+    from canzona.plan.from_config import plan_settings
     from canzona.plan.types import PlanInputs
 
     inputs = PlanInputs(params=(), layout=BufferLayout((), 0, 4, 2), cost={}, cost_model="numel", matrix_optimizer=True,

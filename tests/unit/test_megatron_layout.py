@@ -42,7 +42,7 @@ from canzona.cost import NumelCost
 from canzona.inventory import QWEN3, ModelConfig, ParamSpec, build_inventory
 from canzona.plan.buckets import BufferLayout
 from canzona.plan.dp import atomic_cuts, equal_cuts, owners_from_ranges, ranges_from_cuts
-from canzona.plan.methods import plan_inputs
+from canzona.plan.from_config import plan_inputs
 from canzona.plan.strategies import layerwise as layerwise_strategy
 from canzona.plan.strategies import zero1_atomic
 from canzona.plan.types import PlanInputs
@@ -82,7 +82,7 @@ def _config(model: str, dp: int, tp: int, bucket: int | None, method: str = "ato
 
 @functools.cache
 def _inputs(model: str, dp: int, tp: int, bucket: int | None, method: str = "atomic") -> PlanInputs:
-    """The planners' inputs exactly as `canzona.plan.methods` builds them (None: the harness's default
+    """The planners' inputs exactly as `canzona.plan.from_config` builds them (None: the harness's default
     bucket size, `TrialConfig.bucket_size`)."""
     return plan_inputs(_config(model, dp, tp, bucket, method), NumelCost())
 

@@ -14,7 +14,7 @@ import pytest
 from canzona.config import load_config
 from canzona.cost import NumelCost
 from canzona.errors import ConfigError
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_plan
 from canzona.plan.registry import DP_STRATEGIES, PRESETS, TP_STRATEGIES, label, rung
 from canzona.program.count import compute_metrics
 
@@ -172,7 +172,7 @@ def _usage_blocks() -> list[str]:
 def test_usage_extending_strategies_are_the_shipped_ones() -> None:
     """docs/usage.md's DP and TP strategy examples ("Extending"), run as modules, plan what the
     registered `zero1_atomic` and `async` plan."""
-    from canzona.plan.methods import plan_inputs
+    from canzona.plan.from_config import plan_inputs
     from canzona.plan.strategies import async_, zero1_atomic
 
     blocks = {("dp" if "def candidates" in b else "tp"): b for b in _usage_blocks() if "NAME = " in b and "def " in b}

@@ -23,7 +23,7 @@ from canzona.config import load_config
 from canzona.cost import NumelCost
 from canzona.inventory import QWEN3, build_inventory
 from canzona.plan.buckets import build_layout
-from canzona.plan.methods import make_plan, plan_inputs
+from canzona.plan.from_config import make_plan, plan_inputs
 from canzona.plan.strategies.layerwise_sharded import (
     assign,
     bucket_size_of,

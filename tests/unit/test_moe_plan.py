@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from canzona.config import TrialConfig, load_config
-from canzona.cost import make_cost_model
 from canzona.inventory import build_inventory
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_cost_model, make_plan
 from canzona.plan.rank_loads import expert_rank_loads, plan_loads, step_loads
 from canzona.plan.types import Plan
 from canzona.program.count import compute_metrics

@@ -42,7 +42,7 @@ def test_peer_keys_leave_every_earlier_trial_id_unchanged() -> None:
 
 
 def test_the_harness_does_not_plan_project_or_dry_run_a_peer() -> None:
-    from canzona.plan.methods import make_plan
+    from canzona.plan.from_config import make_plan
     from canzona.sim.simulate import project
 
     cfg = load_config(["method=megatron_layerwise", "parallel.dp=2"])

@@ -20,7 +20,7 @@ from canzona.inventory import QWEN3, ParamSpec, build_inventory, model_config, t
 from canzona.plan import dp as dpmod
 from canzona.plan.buckets import build_layout
 from canzona.plan.critical_path import critical_path
-from canzona.plan.methods import make_plan, plan_inputs
+from canzona.plan.from_config import make_plan, plan_inputs
 from canzona.plan.tp import ROUND_SLACK, MicroGroup, schedule
 from canzona.program.count import compute_metrics
 
@@ -191,7 +191,7 @@ def test_shards_cover_each_bucket_exactly_and_cut_only_at_param_starts(method: s
 
 def test_plan_is_deterministic_across_processes() -> None:
     code = (
-        "import json,sys;from canzona.config import load_config;from canzona.plan.methods import make_plan;"
+        "import json,sys;from canzona.config import load_config;from canzona.plan.from_config import make_plan;"
         "p=make_plan(load_config(sys.argv[1:]));"
         "print(json.dumps([p.shard_ranges,p.dp_owner,p.tp_owner,[[g.items for g in gs] for gs in p.micro_groups]]))"
     )

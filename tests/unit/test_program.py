@@ -12,7 +12,7 @@ import pytest
 
 from canzona.config import load_config
 from canzona.plan import loads
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_plan
 from canzona.program.actions import BucketReduce, Compute, TpGather
 from canzona.program.check import check_matching, expected_bytes
 from canzona.program.count import compute_metrics, count_programs

@@ -21,8 +21,8 @@ import yaml
 
 from analysis.report import build_report
 from canzona.config import load_config
+from canzona.hardware import spec_hardware
 from canzona.sim.claims import PAPER_CLAIMS
-from canzona.sim.hardware import spec_hardware
 from canzona.sim.simulate import project, write_trial
 from canzona.sim.validate import compare_sweep
 from canzona.sweep.cli import main
@@ -447,15 +447,15 @@ def test_predicted_section_survives_the_simulator(mixed, tmp_path: Path, monkeyp
 
 def test_without_hardware_the_section_says_how_to_make_one(mixed, tmp_path: Path, monkeypatch) -> None:
     root, _ = mixed
-    monkeypatch.setattr("canzona.sim.hardware.LOCAL_FILE", tmp_path / "no-local.yaml")
-    monkeypatch.setattr("canzona.sim.hardware.BEFORE_RENAME_DIR", tmp_path / "no-profiles")
+    monkeypatch.setattr("canzona.hardware.LOCAL_FILE", tmp_path / "no-local.yaml")
+    monkeypatch.setattr("canzona.hardware.BEFORE_RENAME_DIR", tmp_path / "no-profiles")
     page = Page(build_report(root, out=tmp_path / "r").read_text())  # hardware="auto", nothing there
     assert "python -m canzona.calibrate out=hardware/local.yaml" in page.ids["predicted-missing"]["text"]
     from analysis.projection import resolve_hardware
 
     local = tmp_path / "local.yaml"
     local.write_text(yaml.safe_dump(spec_hardware("a100")))
-    monkeypatch.setattr("canzona.sim.hardware.LOCAL_FILE", local)
+    monkeypatch.setattr("canzona.hardware.LOCAL_FILE", local)
     assert resolve_hardware("auto") == str(local)  # auto picks it up once it exists
     assert resolve_hardware("none") is None and resolve_hardware(None) is None and resolve_hardware("h100") == "h100"
 

@@ -10,10 +10,7 @@ import pytest
 import yaml
 
 from canzona.config import load_config
-from canzona.inventory import build_inventory, model_config
-from canzona.plan.methods import make_plan
-from canzona.records import STEP_FIELDS
-from canzona.sim.hardware import (
+from canzona.hardware import (
     COLLECTIVES,
     HARDWARE_DIR,
     SPECS,
@@ -22,6 +19,9 @@ from canzona.sim.hardware import (
     load_hardware,
     spec_hardware,
 )
+from canzona.inventory import build_inventory, model_config
+from canzona.plan.from_config import make_plan
+from canzona.records import STEP_FIELDS
 from canzona.sim.simulate import project, simulate
 from canzona.sim.timeline import Timeline
 from canzona.sim.validate import compare, compare_sweep
@@ -340,7 +340,7 @@ def test_unknown_hardware_is_a_one_line_error() -> None:
 
 def test_a_hardware_file_left_in_profiles_says_where_to_move_it(tmp_path: Path, monkeypatch) -> None:
     """profiles/ became hardware/: a (git-ignored) calibration left there is not read silently."""
-    import canzona.sim.hardware as hardware
+    import canzona.hardware as hardware
     from canzona.errors import ConfigError
 
     old = tmp_path / "profiles"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from canzona.sim.hardware import load_hardware
+from canzona.hardware import load_hardware
 from canzona.sim.timeline import Timeline
 
 

@@ -40,7 +40,7 @@ from canzona.executor.timing import StepTimer
 from canzona.model import qwen3
 from canzona.model.parallel import destroy_parallel, init_parallel
 from canzona.model.qwen3 import build_model
-from canzona.plan.methods import make_plan
+from canzona.plan.from_config import make_plan
 from canzona.program.check import compare_recorded
 from canzona.program.lower import lower
 from canzona.trial.dryrun import fastkey

@@ -46,7 +46,7 @@ def dry_run_trial(cfg: TrialConfig, ranks: list[int] | str | None = None, out: s
     cfg = load_config(base=config)
     library = fakecuda.ensure_built()
     n = max(1, min(len(chosen), workers or min(os.cpu_count() or 1, MAX_WORKERS)))
-    from canzona.plan.methods import make_plan
+    from canzona.plan.from_config import make_plan
 
     plan = make_plan(cfg, device="cuda")  # planned once: the ranks run this plan, the check lowers it
     with tempfile.TemporaryDirectory(prefix="canzona-dryrun-") as tmp:

@@ -715,13 +715,13 @@ def spec_file_text(key: str) -> str:
     it, then `spec_hardware` as YAML."""
     header = (
         f"# Spec-derived hardware file ({key}): public datasheet peaks x the efficiency factors under\n"
-        "# inputs.efficiency (canzona/sim/hardware.py: SPECS, EFFICIENCY, SPEC_PROVENANCE, spec_hardware).\n"
+        "# inputs.efficiency (canzona/hardware.py: SPECS, EFFICIENCY, SPEC_PROVENANCE, spec_hardware).\n"
         "# Not measured: replace with `python -m canzona.calibrate out=hardware/<name>.yaml` on the real\n"
         "# machine. inputs.provenance labels each number it rests on: datasheet (quoted under\n"
         "# inputs.sources), published (a measurement, named beside the number) or assumption;\n"
         "# inputs.fitted_on lists the published points its numbers were fitted on (empty: not fitted).\n"
-        "# Rules: the docstring of canzona/sim/hardware.py.\n"
-        f"# Regenerate: python -c \"from canzona.sim.hardware import write_spec_file; write_spec_file('{key}')\"\n"
+        "# Rules: the docstring of canzona/hardware.py.\n"
+        f"# Regenerate: python -c \"from canzona.hardware import write_spec_file; write_spec_file('{key}')\"\n"
     )
     return header + yaml.safe_dump(spec_hardware(key), sort_keys=False, width=SPEC_FILE_WIDTH)
 
