@@ -121,28 +121,28 @@ def model_config(name: str, width_div: int = 1, num_layers: int | None = None, *
     )
 
 
-def _scale_experts(cfg: ModelConfig, num_experts: int | None, top_k: int | None) -> tuple[ModelConfig, str]:
+def _scale_experts(mcfg: ModelConfig, num_experts: int | None, top_k: int | None) -> tuple[ModelConfig, str]:
     """``cfg`` with fewer experts per layer and/or per token, and the name suffix saying so.
 
     Cutting the experts keeps every expert's shape, so the planner sees the same matrices, only
     fewer of them; the top-k must stay within the experts (an explicit ``top_k`` is needed when
     ``num_experts`` drops below the model's)."""
-    if not cfg.moe:
+    if not mcfg.moe:
         key = "model.num_experts" if num_experts is not None else "model.top_k"
-        raise ConfigError(f"{key} is for MoE models; {cfg.name} is dense (MoE: {', '.join(QWEN3_MOE)}, or a spec "
+        raise ConfigError(f"{key} is for MoE models; {mcfg.name} is dense (MoE: {', '.join(QWEN3_MOE)}, or a spec "
                           f"with num_experts)")
     for key, value in (("model.num_experts", num_experts), ("model.top_k", top_k)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{key}={value!r} must be a positive integer")
-    experts = num_experts if num_experts is not None else cfg.num_experts
-    k = top_k if top_k is not None else cfg.top_k
-    if experts > cfg.num_experts:
-        raise ConfigError(f"model.num_experts={experts} exceeds {cfg.name}'s {cfg.num_experts} experts per layer")
+    experts = num_experts if num_experts is not None else mcfg.num_experts
+    k = top_k if top_k is not None else mcfg.top_k
+    if experts > mcfg.num_experts:
+        raise ConfigError(f"model.num_experts={experts} exceeds {mcfg.name}'s {mcfg.num_experts} experts per layer")
     if k > experts:
         raise ConfigError(f"model.top_k={k} exceeds model.num_experts={experts} (a token is routed to at most "
                           f"every expert); give model.top_k<={experts}")
-    suffix = (f"/e{experts}" if experts != cfg.num_experts else "") + (f"/k{k}" if k != cfg.top_k else "")
-    return replace(cfg, num_experts=experts, top_k=k), suffix
+    suffix = (f"/e{experts}" if experts != mcfg.num_experts else "") + (f"/k{k}" if k != mcfg.top_k else "")
+    return replace(mcfg, num_experts=experts, top_k=k), suffix
 
 
 def model_config_of(model: Any, tp: int = 1) -> ModelConfig:
@@ -217,16 +217,16 @@ class ParamSpec:
         return ((self.name, self.shape),)  # type: ignore[return-value]
 
 
-def _qkv_subs(cfg: ModelConfig, prefix: str) -> tuple[SubMatrix, ...]:
-    hd, qpg, g = cfg.head_dim, cfg.q_per_group, cfg.kv_heads
+def _qkv_subs(mcfg: ModelConfig, prefix: str) -> tuple[SubMatrix, ...]:
+    hd, qpg, g = mcfg.head_dim, mcfg.q_per_group, mcfg.kv_heads
     stride = (qpg + 2) * hd
     q_blocks = tuple((i * stride, i * stride + qpg * hd, 1) for i in range(g))
     k_blocks = tuple((i * stride + qpg * hd, i * stride + (qpg + 1) * hd, 1) for i in range(g))
     v_blocks = tuple((i * stride + (qpg + 1) * hd, (i + 1) * stride, 1) for i in range(g))
     return (
-        SubMatrix(f"{prefix}.q", (cfg.heads * hd, cfg.hidden), q_blocks),
-        SubMatrix(f"{prefix}.k", (g * hd, cfg.hidden), k_blocks),
-        SubMatrix(f"{prefix}.v", (g * hd, cfg.hidden), v_blocks),
+        SubMatrix(f"{prefix}.q", (mcfg.heads * hd, mcfg.hidden), q_blocks),
+        SubMatrix(f"{prefix}.k", (g * hd, mcfg.hidden), k_blocks),
+        SubMatrix(f"{prefix}.v", (g * hd, mcfg.hidden), v_blocks),
     )
 
 
@@ -237,27 +237,27 @@ def _fc1_subs(ffn: int, hidden: int, prefix: str) -> tuple[SubMatrix, ...]:
     )
 
 
-def _norm(cfg: ModelConfig, name: str, dim: int, layer: int | None, partial: bool) -> list[ParamSpec]:
+def _norm(mcfg: ModelConfig, name: str, dim: int, layer: int | None, partial: bool) -> list[ParamSpec]:
     """A norm's weight (and a LayerNorm's bias, registered after it), replicated, AdamW."""
     out = [ParamSpec(f"{name}.weight", (dim,), None, "adamw", layer, tp_grad_allreduce=partial)]
-    if cfg.norm == "layernorm":
+    if mcfg.norm == "layernorm":
         out.append(ParamSpec(f"{name}.bias", (dim,), None, "adamw", layer, tp_grad_allreduce=partial))
     return out
 
 
-def _mlp(cfg: ModelConfig, prefix: str, ffn: int, layer: int, split_fused: bool, suffix: str = "",
+def _mlp(mcfg: ModelConfig, prefix: str, ffn: int, layer: int, split_fused: bool, suffix: str = "",
          expert: int | None = None) -> tuple[ParamSpec, ParamSpec]:
     """An MLP's fc1 (``[2·ffn, hidden]``, gate and up rows interleaved, when gated; else
     ``[ffn, hidden]``) and fc2 ``[hidden, ffn]``; ``suffix``: an expert's ``<e>``."""
     fc1 = f"{prefix}.linear_fc1.weight{suffix}"
-    gated = cfg.gated_mlp
-    subs = _fc1_subs(ffn, cfg.hidden, fc1) if split_fused and gated else ()
-    return (ParamSpec(fc1, ((2 if gated else 1) * ffn, cfg.hidden), 0, "matrix", layer, subs, expert=expert),
-            ParamSpec(f"{prefix}.linear_fc2.weight{suffix}", (cfg.hidden, ffn), 1, "matrix", layer, expert=expert))
+    gated = mcfg.gated_mlp
+    subs = _fc1_subs(ffn, mcfg.hidden, fc1) if split_fused and gated else ()
+    return (ParamSpec(fc1, ((2 if gated else 1) * ffn, mcfg.hidden), 0, "matrix", layer, subs, expert=expert),
+            ParamSpec(f"{prefix}.linear_fc2.weight{suffix}", (mcfg.hidden, ffn), 1, "matrix", layer, expert=expert))
 
 
 def build_inventory(
-    cfg: ModelConfig, *, split_fused: bool = False, matrix_embeddings: bool = False, sequence_parallel: bool = False
+    mcfg: ModelConfig, *, split_fused: bool = False, matrix_embeddings: bool = False, sequence_parallel: bool = False
 ) -> list[ParamSpec]:
     """Parameters in megatron-core's registration order, which its DDP buffer reverses.
 
@@ -278,41 +278,41 @@ def build_inventory(
     (`_moe_params`) where a dense one has ``mlp.linear_fc1`` / ``linear_fc2``.
     """
     emb_kind: Kind = "matrix" if matrix_embeddings else "adamw"
-    hd = cfg.head_dim
+    hd = mcfg.head_dim
     sp = sequence_parallel
-    params = [ParamSpec("embedding.word_embeddings.weight", (cfg.vocab, cfg.hidden), 0, emb_kind)]
-    if cfg.position == "learned":
-        params.append(ParamSpec("embedding.position_embeddings.weight", (cfg.max_positions, cfg.hidden), None,
+    params = [ParamSpec("embedding.word_embeddings.weight", (mcfg.vocab, mcfg.hidden), 0, emb_kind)]
+    if mcfg.position == "learned":
+        params.append(ParamSpec("embedding.position_embeddings.weight", (mcfg.max_positions, mcfg.hidden), None,
                                 "adamw", tp_grad_allreduce=sp))
-    for i in range(cfg.num_layers):
+    for i in range(mcfg.num_layers):
         p = f"decoder.layers.{i}"
         qkv = f"{p}.self_attention.linear_qkv.weight"
-        params += _norm(cfg, f"{p}.input_layernorm", cfg.hidden, i, sp)
-        if cfg.mla:
-            params += _mla_params(cfg, i, sp)
+        params += _norm(mcfg, f"{p}.input_layernorm", mcfg.hidden, i, sp)
+        if mcfg.mla:
+            params += _mla_params(mcfg, i, sp)
         else:
             params += [
                 # megatron-core's Attention.__init__ builds linear_proj; SelfAttention.__init__ then adds
                 # linear_qkv and the q/k norms, so the output projection is registered first
-                ParamSpec(f"{p}.self_attention.linear_proj.weight", (cfg.hidden, cfg.heads * hd), 1, "matrix", i),
-                ParamSpec(qkv, ((cfg.heads + 2 * cfg.kv_heads) * hd, cfg.hidden), 0, "matrix", i,
-                          _qkv_subs(cfg, qkv) if split_fused else ()),
+                ParamSpec(f"{p}.self_attention.linear_proj.weight", (mcfg.hidden, mcfg.heads * hd), 1, "matrix", i),
+                ParamSpec(qkv, ((mcfg.heads + 2 * mcfg.kv_heads) * hd, mcfg.hidden), 0, "matrix", i,
+                          _qkv_subs(mcfg, qkv) if split_fused else ()),
             ]
-            if cfg.qk_norm:
-                params += _norm(cfg, f"{p}.self_attention.q_layernorm", hd, i, True)
-                params += _norm(cfg, f"{p}.self_attention.k_layernorm", hd, i, True)
-        params += _norm(cfg, f"{p}.pre_mlp_layernorm", cfg.hidden, i, sp)
-        if cfg.is_moe_layer(i):
-            params += _moe_params(cfg, i, split_fused=split_fused, sequence_parallel=sp)
+            if mcfg.qk_norm:
+                params += _norm(mcfg, f"{p}.self_attention.q_layernorm", hd, i, True)
+                params += _norm(mcfg, f"{p}.self_attention.k_layernorm", hd, i, True)
+        params += _norm(mcfg, f"{p}.pre_mlp_layernorm", mcfg.hidden, i, sp)
+        if mcfg.is_moe_layer(i):
+            params += _moe_params(mcfg, i, split_fused=split_fused, sequence_parallel=sp)
         else:
-            params += _mlp(cfg, f"{p}.mlp", cfg.layer_dense_ffn, i, split_fused)
-    params += _norm(cfg, "decoder.final_layernorm", cfg.hidden, None, sp)
-    if not cfg.tied_embeddings:
-        params.append(ParamSpec("output_layer.weight", (cfg.vocab, cfg.hidden), 0, emb_kind))
+            params += _mlp(mcfg, f"{p}.mlp", mcfg.layer_dense_ffn, i, split_fused)
+    params += _norm(mcfg, "decoder.final_layernorm", mcfg.hidden, None, sp)
+    if not mcfg.tied_embeddings:
+        params.append(ParamSpec("output_layer.weight", (mcfg.vocab, mcfg.hidden), 0, emb_kind))
     return params
 
 
-def _mla_params(cfg: ModelConfig, layer: int, sp: bool) -> list[ParamSpec]:
+def _mla_params(mcfg: ModelConfig, layer: int, sp: bool) -> list[ParamSpec]:
     """One layer's multi-head latent attention in megatron-core's ``MLASelfAttention`` order:
     ``linear_proj`` (its base class), the query's down and up projections (or one
     ``linear_q_proj`` without a query bottleneck), the key/value down and up projections, then
@@ -320,75 +320,75 @@ def _mla_params(cfg: ModelConfig, layer: int, sp: bool) -> list[ParamSpec]:
     megatron-core's local spec builds them, column-parallel over TP (its Transformer Engine spec
     keeps the two down projections whole on every TP rank instead: not modelled)."""
     a = f"decoder.layers.{layer}.self_attention"
-    qk = cfg.head_dim + cfg.qk_rope_dim
-    out = [ParamSpec(f"{a}.linear_proj.weight", (cfg.hidden, cfg.heads * cfg.v_head_dim), 1, "matrix", layer)]
-    if cfg.q_lora_rank:
-        out += [ParamSpec(f"{a}.linear_q_down_proj.weight", (cfg.q_lora_rank, cfg.hidden), 0, "matrix", layer),
-                ParamSpec(f"{a}.linear_q_up_proj.weight", (cfg.heads * qk, cfg.q_lora_rank), 0, "matrix", layer)]
+    qk = mcfg.head_dim + mcfg.qk_rope_dim
+    out = [ParamSpec(f"{a}.linear_proj.weight", (mcfg.hidden, mcfg.heads * mcfg.v_head_dim), 1, "matrix", layer)]
+    if mcfg.q_lora_rank:
+        out += [ParamSpec(f"{a}.linear_q_down_proj.weight", (mcfg.q_lora_rank, mcfg.hidden), 0, "matrix", layer),
+                ParamSpec(f"{a}.linear_q_up_proj.weight", (mcfg.heads * qk, mcfg.q_lora_rank), 0, "matrix", layer)]
     else:
-        out.append(ParamSpec(f"{a}.linear_q_proj.weight", (cfg.heads * qk, cfg.hidden), 0, "matrix", layer))
-    out += [ParamSpec(f"{a}.linear_kv_down_proj.weight", (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.hidden), 0,
+        out.append(ParamSpec(f"{a}.linear_q_proj.weight", (mcfg.heads * qk, mcfg.hidden), 0, "matrix", layer))
+    out += [ParamSpec(f"{a}.linear_kv_down_proj.weight", (mcfg.kv_lora_rank + mcfg.qk_rope_dim, mcfg.hidden), 0,
                       "matrix", layer),
-            ParamSpec(f"{a}.linear_kv_up_proj.weight", (cfg.heads * (cfg.head_dim + cfg.v_head_dim),
-                                                         cfg.kv_lora_rank), 0, "matrix", layer)]
-    if cfg.q_lora_rank:
-        out += _norm(cfg, f"{a}.q_layernorm", cfg.q_lora_rank, layer, sp)
-    return out + _norm(cfg, f"{a}.kv_layernorm", cfg.kv_lora_rank, layer, sp)
+            ParamSpec(f"{a}.linear_kv_up_proj.weight", (mcfg.heads * (mcfg.head_dim + mcfg.v_head_dim),
+                                                         mcfg.kv_lora_rank), 0, "matrix", layer)]
+    if mcfg.q_lora_rank:
+        out += _norm(mcfg, f"{a}.q_layernorm", mcfg.q_lora_rank, layer, sp)
+    return out + _norm(mcfg, f"{a}.kv_layernorm", mcfg.kv_lora_rank, layer, sp)
 
 
-def _moe_params(cfg: ModelConfig, layer: int, *, split_fused: bool, sequence_parallel: bool) -> list[ParamSpec]:
+def _moe_params(mcfg: ModelConfig, layer: int, *, split_fused: bool, sequence_parallel: bool) -> list[ParamSpec]:
     """One MoE layer's router, experts and shared expert, in megatron-core's registration order
     (router, then ``TEGroupedMLP``'s fc1 of every expert, then fc2 of every expert, then the
     ``SharedExpertMLP``'s fc1 and fc2: a dense MLP split over TP like any other)."""
     p = f"decoder.layers.{layer}.mlp"
-    out = [ParamSpec(f"{p}.router.weight", (cfg.num_experts, cfg.hidden), None, "adamw", layer,
+    out = [ParamSpec(f"{p}.router.weight", (mcfg.num_experts, mcfg.hidden), None, "adamw", layer,
                      tp_grad_allreduce=sequence_parallel)]
-    experts = [_mlp(cfg, f"{p}.experts", cfg.ffn, layer, split_fused, str(e), expert=e)
-               for e in range(cfg.num_experts)]
+    experts = [_mlp(mcfg, f"{p}.experts", mcfg.ffn, layer, split_fused, str(e), expert=e)
+               for e in range(mcfg.num_experts)]
     out += [fc1 for fc1, _ in experts] + [fc2 for _, fc2 in experts]
-    if cfg.shared_expert_ffn:
-        out += _mlp(cfg, f"{p}.shared_experts", cfg.shared_expert_ffn, layer, split_fused)
+    if mcfg.shared_expert_ffn:
+        out += _mlp(mcfg, f"{p}.shared_experts", mcfg.shared_expert_ffn, layer, split_fused)
     return out
 
 
-def check_tp(cfg: ModelConfig, tp: int) -> None:
+def check_tp(mcfg: ModelConfig, tp: int) -> None:
     """Raise ConfigError unless TP divides every dim it must split."""
     if not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"parallel.tp={tp!r} must be a positive integer")
-    sizes = (("heads", cfg.heads), ("kv_heads", cfg.kv_heads), ("ffn", cfg.ffn), ("vocab", cfg.vocab),
-             ("dense_ffn", cfg.dense_ffn), ("shared_expert_ffn", cfg.shared_expert_ffn),
-             ("q_lora_rank", cfg.q_lora_rank), ("kv_lora_rank + qk_rope_dim", cfg.kv_lora_rank + cfg.qk_rope_dim))
+    sizes = (("heads", mcfg.heads), ("kv_heads", mcfg.kv_heads), ("ffn", mcfg.ffn), ("vocab", mcfg.vocab),
+             ("dense_ffn", mcfg.dense_ffn), ("shared_expert_ffn", mcfg.shared_expert_ffn),
+             ("q_lora_rank", mcfg.q_lora_rank), ("kv_lora_rank + qk_rope_dim", mcfg.kv_lora_rank + mcfg.qk_rope_dim))
     for what, n in sizes:
         if n % tp:
-            raise ConfigError(f"parallel.tp={tp} does not divide {what}={n} of {cfg.name}")
+            raise ConfigError(f"parallel.tp={tp} does not divide {what}={n} of {mcfg.name}")
 
 
 def total_params(params: list[ParamSpec]) -> int:
     return sum(p.numel for p in params)
 
 
-def check_moe_sequence_parallel(cfg: ModelConfig, tp: int, sequence_parallel: bool) -> None:
+def check_moe_sequence_parallel(mcfg: ModelConfig, tp: int, sequence_parallel: bool) -> None:
     """A one-line ConfigError if ``cfg`` is an MoE model at TP > 1 without sequence parallelism:
     Megatron's MoE requires it (each TP rank then routes its own part of the sequence). Planning
     takes either; a trial checks it before its ranks start (`canzona.config.check_runnable`) and
     the model where it is built (`canzona.model.qwen3.check_moe`)."""
-    if cfg.moe and tp > 1 and not sequence_parallel:
-        raise ConfigError(f"parallel.sequence_parallel=false with parallel.tp={tp}: the MoE model {cfg.name} runs "
+    if mcfg.moe and tp > 1 and not sequence_parallel:
+        raise ConfigError(f"parallel.sequence_parallel=false with parallel.tp={tp}: the MoE model {mcfg.name} runs "
                           f"at TP > 1 with parallel.sequence_parallel=true only, as Megatron's MoE does")
 
 
-def check_experts(cfg: ModelConfig, ep: int, etp: int) -> None:
+def check_experts(mcfg: ModelConfig, ep: int, etp: int) -> None:
     """Raise ConfigError unless ``ep`` EP ranks can split ``cfg``'s experts and ``etp`` expert-TP
     ranks each expert's FFN (the group arithmetic itself: `canzona.layout.ExpertLayout.check`)."""
     for key, value in (("parallel.ep", ep), ("parallel.etp", etp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key}={value!r} must be a positive integer")
-    if not cfg.moe:
+    if not mcfg.moe:
         if ep != 1:
-            raise ConfigError(f"parallel.ep={ep} splits experts, and {cfg.name} is dense; use parallel.ep=1 "
+            raise ConfigError(f"parallel.ep={ep} splits experts, and {mcfg.name} is dense; use parallel.ep=1 "
                               f"or an MoE model ({', '.join(QWEN3_MOE)})")
         return
-    if cfg.num_experts % ep:
-        raise ConfigError(f"parallel.ep={ep} does not divide the {cfg.num_experts} experts per layer of {cfg.name}")
-    if cfg.ffn % etp:
-        raise ConfigError(f"parallel.etp={etp} does not divide the expert FFN width {cfg.ffn} of {cfg.name}")
+    if mcfg.num_experts % ep:
+        raise ConfigError(f"parallel.ep={ep} does not divide the {mcfg.num_experts} experts per layer of {mcfg.name}")
+    if mcfg.ffn % etp:
+        raise ConfigError(f"parallel.etp={etp} does not divide the expert FFN width {mcfg.ffn} of {mcfg.name}")

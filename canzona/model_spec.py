@@ -221,64 +221,64 @@ def _build(name: str, values: dict[str, Any]) -> ModelConfig:
     return ModelConfig(name=name, **{k: _check_value(k, v, name) for k, v in values.items()})
 
 
-def check_spec(cfg: ModelConfig, where: str = "") -> ModelConfig:
+def check_spec(mcfg: ModelConfig, where: str = "") -> ModelConfig:
     """``cfg`` if its fields fit together, else a one-line ConfigError (``where`` prefixes it)."""
     at = f"{where}: " if where else ""
     positive = ("hidden", "ffn", "num_layers", "heads", "kv_heads", "head_dim", "vocab")
     for key in positive:
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"{at}model.{key}={getattr(cfg, key)} must be a positive integer")
+        if getattr(mcfg, key) < 1:
+            raise ConfigError(f"{at}model.{key}={getattr(mcfg, key)} must be a positive integer")
     for key in ("num_experts", "top_k", "max_positions", "shared_expert_ffn", "dense_layers", "dense_ffn"):
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"{at}model.{key}={getattr(cfg, key)} must be >= 0")
-    if cfg.heads % cfg.kv_heads:
-        raise ConfigError(f"{at}model.kv_heads={cfg.kv_heads} must divide model.heads={cfg.heads} (grouped-query "
+        if getattr(mcfg, key) < 0:
+            raise ConfigError(f"{at}model.{key}={getattr(mcfg, key)} must be >= 0")
+    if mcfg.heads % mcfg.kv_heads:
+        raise ConfigError(f"{at}model.kv_heads={mcfg.kv_heads} must divide model.heads={mcfg.heads} (grouped-query "
                           f"attention)")
-    if cfg.norm not in NORMS:
-        raise ConfigError(f"{at}model.norm={cfg.norm!r}; allowed: {', '.join(NORMS)}")
-    if cfg.attention not in ATTENTIONS:
-        raise ConfigError(f"{at}model.attention={cfg.attention!r}; allowed: {', '.join(ATTENTIONS)}")
+    if mcfg.norm not in NORMS:
+        raise ConfigError(f"{at}model.norm={mcfg.norm!r}; allowed: {', '.join(NORMS)}")
+    if mcfg.attention not in ATTENTIONS:
+        raise ConfigError(f"{at}model.attention={mcfg.attention!r}; allowed: {', '.join(ATTENTIONS)}")
     mla_keys = ("q_lora_rank", "kv_lora_rank", "qk_rope_dim", "v_head_dim")
-    if cfg.mla:
+    if mcfg.mla:
         for key in mla_keys[1:]:
-            if getattr(cfg, key) < 1:
+            if getattr(mcfg, key) < 1:
                 raise ConfigError(f"{at}model.attention=mla needs model.{key} >= 1")
-        if cfg.q_lora_rank < 0:
-            raise ConfigError(f"{at}model.q_lora_rank={cfg.q_lora_rank} must be >= 0 (0: no query bottleneck)")
+        if mcfg.q_lora_rank < 0:
+            raise ConfigError(f"{at}model.q_lora_rank={mcfg.q_lora_rank} must be >= 0 (0: no query bottleneck)")
     else:
         for key in mla_keys:
-            if getattr(cfg, key):
-                raise ConfigError(f"{at}model.{key}={getattr(cfg, key)} is for model.attention=mla")
-    if cfg.position not in POSITIONS:
-        raise ConfigError(f"{at}model.position={cfg.position!r}; allowed: {', '.join(POSITIONS)}")
-    if cfg.position == "learned" and cfg.max_positions < 1:
+            if getattr(mcfg, key):
+                raise ConfigError(f"{at}model.{key}={getattr(mcfg, key)} is for model.attention=mla")
+    if mcfg.position not in POSITIONS:
+        raise ConfigError(f"{at}model.position={mcfg.position!r}; allowed: {', '.join(POSITIONS)}")
+    if mcfg.position == "learned" and mcfg.max_positions < 1:
         raise ConfigError(f"{at}model.position=learned needs model.max_positions (the embedding's rows) >= 1")
-    if cfg.position == "rope" and cfg.head_dim % 2:
-        raise ConfigError(f"{at}model.head_dim={cfg.head_dim} must be even for rotary positions")
-    if not cfg.norm_eps > 0 or not cfg.rope_theta > 0:
-        raise ConfigError(f"{at}model.norm_eps={cfg.norm_eps} and model.rope_theta={cfg.rope_theta} must be positive")
-    if cfg.moe:
-        if not 1 <= cfg.top_k <= cfg.num_experts:
-            raise ConfigError(f"{at}model.top_k={cfg.top_k} must be in [1, model.num_experts={cfg.num_experts}]")
-        if cfg.dense_layers >= cfg.num_layers:
-            raise ConfigError(f"{at}model.dense_layers={cfg.dense_layers} leaves no MoE layer of "
-                              f"model.num_layers={cfg.num_layers}")
+    if mcfg.position == "rope" and mcfg.head_dim % 2:
+        raise ConfigError(f"{at}model.head_dim={mcfg.head_dim} must be even for rotary positions")
+    if not mcfg.norm_eps > 0 or not mcfg.rope_theta > 0:
+        raise ConfigError(f"{at}model.norm_eps={mcfg.norm_eps} and model.rope_theta={mcfg.rope_theta} must be positive")
+    if mcfg.moe:
+        if not 1 <= mcfg.top_k <= mcfg.num_experts:
+            raise ConfigError(f"{at}model.top_k={mcfg.top_k} must be in [1, model.num_experts={mcfg.num_experts}]")
+        if mcfg.dense_layers >= mcfg.num_layers:
+            raise ConfigError(f"{at}model.dense_layers={mcfg.dense_layers} leaves no MoE layer of "
+                              f"model.num_layers={mcfg.num_layers}")
     else:
         for key in ("top_k", "shared_expert_ffn", "dense_layers", "dense_ffn"):
-            if getattr(cfg, key):
-                raise ConfigError(f"{at}model.{key}={getattr(cfg, key)} is for MoE models (model.num_experts > 0)")
-    return cfg
+            if getattr(mcfg, key):
+                raise ConfigError(f"{at}model.{key}={getattr(mcfg, key)} is for MoE models (model.num_experts > 0)")
+    return mcfg
 
 
-def override_spec(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+def override_spec(mcfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
     """``cfg`` with ``model.<field>`` overrides applied; each changed field shows in the name
     (``/hidden=2048``), so a record's name says which model it ran."""
     changed = {}
     for key, value in overrides.items():
-        value = _check_value(key, value, cfg.name)
-        if value != getattr(cfg, key):
+        value = _check_value(key, value, mcfg.name)
+        if value != getattr(mcfg, key):
             changed[key] = value
     if not changed:
-        return cfg
+        return mcfg
     suffix = "".join(f"/{k}={v}" for k, v in changed.items())
-    return check_spec(replace(cfg, name=cfg.name + suffix, **changed))
+    return check_spec(replace(mcfg, name=mcfg.name + suffix, **changed))

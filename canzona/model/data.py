@@ -34,7 +34,7 @@ def _successor(vocab: int, seed: int) -> torch.Tensor:
 
 
 def synthetic_batch(
-    cfg: ModelConfig,
+    mcfg: ModelConfig,
     micro_batch: int,
     seq_len: int,
     seed: int,
@@ -58,10 +58,10 @@ def synthetic_batch(
     restart = torch.empty(micro_batch, n, dtype=torch.bool)
     for j in range(micro_batch):
         g = torch.Generator().manual_seed(_seed(seed, step, dp_rank * micro_batch + j))
-        rand_tok[j] = torch.randint(0, cfg.vocab, (n,), generator=g)
+        rand_tok[j] = torch.randint(0, mcfg.vocab, (n,), generator=g)
         restart[j] = torch.rand(n, generator=g) < noise
     restart[:, 0] = True
-    succ = _successor(cfg.vocab, seed)
+    succ = _successor(mcfg.vocab, seed)
     seq = torch.empty_like(rand_tok)
     seq[:, 0] = rand_tok[:, 0]
     for t in range(1, n):

@@ -118,12 +118,12 @@ class Experts(nn.Module):
     dense fc1; this expert-TP rank's block), fc2 ``[hidden, ffn/etp]``; all experts' fc1, then all
     experts' fc2."""
 
-    def __init__(self, cfg: ModelConfig, experts: range, dtype: torch.dtype, etp: int = 1):
+    def __init__(self, mcfg: ModelConfig, experts: range, dtype: torch.dtype, etp: int = 1):
         super().__init__()
-        rows = 2 * cfg.ffn if cfg.gated_mlp else cfg.ffn
-        self.act = fused.swiglu if cfg.gated_mlp else F.gelu
-        self.linear_fc1 = ExpertWeights(experts, (rows // etp, cfg.hidden), dtype)
-        self.linear_fc2 = ExpertWeights(experts, (cfg.hidden, cfg.ffn // etp), dtype)
+        rows = 2 * mcfg.ffn if mcfg.gated_mlp else mcfg.ffn
+        self.act = fused.swiglu if mcfg.gated_mlp else F.gelu
+        self.linear_fc1 = ExpertWeights(experts, (rows // etp, mcfg.hidden), dtype)
+        self.linear_fc2 = ExpertWeights(experts, (mcfg.hidden, mcfg.ffn // etp), dtype)
 
     def forward(self, x: torch.Tensor, local: int) -> torch.Tensor:
         return self.linear_fc2(self.act(self.linear_fc1(x, local)), local)
@@ -155,17 +155,17 @@ class MoELayer(nn.Module):
     over that same TP group).
     """
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, ep: int = 1, ep_rank: int = 0, ep_group=None,
+    def __init__(self, mcfg: ModelConfig, dtype: torch.dtype, ep: int = 1, ep_rank: int = 0, ep_group=None,
                  balanced_routing: bool = False, etp: int = 1, etp_rank: int = 0, etp_group=None,
                  shared_experts: nn.Module | None = None):
         super().__init__()
-        self.num_experts, self.top_k = cfg.num_experts, cfg.top_k
+        self.num_experts, self.top_k = mcfg.num_experts, mcfg.top_k
         self.ep, self.ep_rank, self.ep_group = ep, ep_rank, ep_group
         self.etp, self.etp_rank, self.etp_group = etp, etp_rank, etp_group
-        self.local = cfg.num_experts // ep
+        self.local = mcfg.num_experts // ep
         self.balanced_routing = balanced_routing
-        self.router = Router(cfg.num_experts, cfg.hidden, dtype)
-        self.experts = Experts(cfg, range(ep_rank * self.local, (ep_rank + 1) * self.local), dtype, etp)
+        self.router = Router(mcfg.num_experts, mcfg.hidden, dtype)
+        self.experts = Experts(mcfg, range(ep_rank * self.local, (ep_rank + 1) * self.local), dtype, etp)
         self.shared_experts = shared_experts  # a dense MLP every token also goes through (registered last)
 
     def route(self, x: torch.Tensor, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

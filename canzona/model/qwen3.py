@@ -111,11 +111,11 @@ class LayerNorm(nn.Module):
         return out.to(x.dtype)
 
 
-def make_norm(cfg: ModelConfig, dim: int, dtype: torch.dtype) -> nn.Module:
+def make_norm(mcfg: ModelConfig, dim: int, dtype: torch.dtype) -> nn.Module:
     """The spec's normalisation (``cfg.norm``, ``cfg.norm_eps``) over ``dim``."""
-    if cfg.norm == "layernorm":
-        return LayerNorm(dim, cfg.norm_eps, dtype)
-    return RMSNorm(dim, cfg.norm_eps, dtype)
+    if mcfg.norm == "layernorm":
+        return LayerNorm(dim, mcfg.norm_eps, dtype)
+    return RMSNorm(dim, mcfg.norm_eps, dtype)
 
 
 def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
@@ -135,14 +135,14 @@ class Embedding(nn.Module):
     part of the sequence, so the position embedding's gradient is partial per TP rank (the
     inventory marks it ``tp_grad_allreduce``; Megatron adds before scattering: the same sum)."""
 
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, sp_group=None, dtype: torch.dtype = torch.float32):
+    def __init__(self, mcfg: ModelConfig, mp: ModelParallelConfig, sp_group=None, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.sp_group = sp_group
         self.word_embeddings = VocabParallelEmbedding(
-            cfg.vocab, cfg.hidden, init_method=_no_init, config=mp, tp_group=_tp_group()
+            mcfg.vocab, mcfg.hidden, init_method=_no_init, config=mp, tp_group=_tp_group()
         )
-        self.position_embeddings = (nn.Embedding(cfg.max_positions, cfg.hidden, dtype=dtype)
-                                    if cfg.position == "learned" else None)
+        self.position_embeddings = (nn.Embedding(mcfg.max_positions, mcfg.hidden, dtype=dtype)
+                                    if mcfg.position == "learned" else None)
         if sp_group is not None:  # tokens [b, s] -> [s/tp, b, h]
             sp.install(self.word_embeddings, "embedding", sp_group)
 
@@ -159,28 +159,28 @@ class Embedding(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype = torch.float32,
+    def __init__(self, mcfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype = torch.float32,
                  sp_group=None):
         super().__init__()
         self.sp_group = sp_group
-        hd = cfg.head_dim
+        hd = mcfg.head_dim
         self.head_dim = hd
-        self.q_per_group = cfg.q_per_group
-        self.local_groups = cfg.kv_heads // tp
+        self.q_per_group = mcfg.q_per_group
+        self.local_groups = mcfg.kv_heads // tp
         # registered in megatron-core's order: linear_proj first (its Attention base class)
         self.linear_proj = RowParallelLinear(
-            cfg.heads * hd, cfg.hidden, config=mp, init_method=_no_init, bias=False,
+            mcfg.heads * hd, mcfg.hidden, config=mp, init_method=_no_init, bias=False,
             input_is_parallel=True, skip_bias_add=False, tp_group=_tp_group(),
         )
         self.linear_qkv = ColumnParallelLinear(
-            cfg.hidden, (cfg.heads + 2 * cfg.kv_heads) * hd, config=mp, init_method=_no_init,
+            mcfg.hidden, (mcfg.heads + 2 * mcfg.kv_heads) * hd, config=mp, init_method=_no_init,
             bias=False, gather_output=False, tp_group=_tp_group(),
         )
-        if cfg.qk_norm:
-            self.q_layernorm = make_norm(cfg, hd, dtype)
-            self.k_layernorm = make_norm(cfg, hd, dtype)
-        self.qk_norm = cfg.qk_norm
-        self.rope_theta = cfg.rope_theta if cfg.position == "rope" else None
+        if mcfg.qk_norm:
+            self.q_layernorm = make_norm(mcfg, hd, dtype)
+            self.k_layernorm = make_norm(mcfg, hd, dtype)
+        self.qk_norm = mcfg.qk_norm
+        self.rope_theta = mcfg.rope_theta if mcfg.position == "rope" else None
         if sp_group is not None:
             sp.install(self.linear_qkv, "column", sp_group)
             sp.install(self.linear_proj, "row", sp_group)
@@ -215,25 +215,25 @@ class SelfAttention(nn.Module):
         return out
 
 
-def activation(cfg: ModelConfig):
+def activation(mcfg: ModelConfig):
     """The MLP's activation on fc1's output: SwiGLU of the interleaved gate/up rows, or GeLU
     (exact, as Megatron's without its bias-GeLU fusion)."""
-    return fused.swiglu if cfg.gated_mlp else F.gelu
+    return fused.swiglu if mcfg.gated_mlp else F.gelu
 
 
 class MLP(nn.Module):
     """A dense MLP of width ``ffn`` (the spec's dense width unless given: a shared expert's)."""
 
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, sp_group=None, ffn: int | None = None):
+    def __init__(self, mcfg: ModelConfig, mp: ModelParallelConfig, sp_group=None, ffn: int | None = None):
         super().__init__()
-        ffn = cfg.layer_dense_ffn if ffn is None else ffn
-        self.act = activation(cfg)
+        ffn = mcfg.layer_dense_ffn if ffn is None else ffn
+        self.act = activation(mcfg)
         self.linear_fc1 = ColumnParallelLinear(
-            cfg.hidden, (2 if cfg.gated_mlp else 1) * ffn, config=mp, init_method=_no_init, bias=False,
+            mcfg.hidden, (2 if mcfg.gated_mlp else 1) * ffn, config=mp, init_method=_no_init, bias=False,
             gather_output=False, tp_group=_tp_group(),
         )
         self.linear_fc2 = RowParallelLinear(
-            ffn, cfg.hidden, config=mp, init_method=_no_init, bias=False,
+            ffn, mcfg.hidden, config=mp, init_method=_no_init, bias=False,
             input_is_parallel=True, skip_bias_add=False, tp_group=_tp_group(),
         )
         if sp_group is not None:
@@ -247,17 +247,17 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype, sp_group=None,
+    def __init__(self, mcfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype, sp_group=None,
                  moe: dict | None = None, layer: int = 0):
         super().__init__()
-        self.input_layernorm = make_norm(cfg, cfg.hidden, dtype)
-        self.self_attention = SelfAttention(cfg, mp, tp, dtype, sp_group)
-        self.pre_mlp_layernorm = make_norm(cfg, cfg.hidden, dtype)
-        if cfg.is_moe_layer(layer):
-            shared = MLP(cfg, mp, sp_group, cfg.shared_expert_ffn) if cfg.shared_expert_ffn else None
-            self.mlp: nn.Module = MoELayer(cfg, dtype, **moe, shared_experts=shared)  # type: ignore[arg-type]
+        self.input_layernorm = make_norm(mcfg, mcfg.hidden, dtype)
+        self.self_attention = SelfAttention(mcfg, mp, tp, dtype, sp_group)
+        self.pre_mlp_layernorm = make_norm(mcfg, mcfg.hidden, dtype)
+        if mcfg.is_moe_layer(layer):
+            shared = MLP(mcfg, mp, sp_group, mcfg.shared_expert_ffn) if mcfg.shared_expert_ffn else None
+            self.mlp: nn.Module = MoELayer(mcfg, dtype, **moe, shared_experts=shared)  # type: ignore[arg-type]
         else:
-            self.mlp = MLP(cfg, mp, sp_group)
+            self.mlp = MLP(mcfg, mp, sp_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attention(self.input_layernorm(x))
@@ -288,11 +288,11 @@ class Decoder(nn.Module):
     runs its forward again there (Megatron's full, uniform recomputation of one layer at a time).
     The model has no dropout, so the recomputed forward is the same computation, bit for bit."""
 
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype,
+    def __init__(self, mcfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype,
                  recompute: bool = False, sp_group=None, moe: dict | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg, mp, tp, dtype, sp_group, moe, i) for i in range(cfg.num_layers))
-        self.final_layernorm = make_norm(cfg, cfg.hidden, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(mcfg, mp, tp, dtype, sp_group, moe, i) for i in range(mcfg.num_layers))
+        self.final_layernorm = make_norm(mcfg, mcfg.hidden, dtype)
         self.recompute = recompute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -317,14 +317,14 @@ class Qwen3Model(nn.Module):
     ``balanced_routing`` is `canzona.model.moe.MoELayer`'s.
     """
 
-    def __init__(self, cfg: ModelConfig, tp: int, tp_rank: int, dtype: torch.dtype = torch.float32,
+    def __init__(self, mcfg: ModelConfig, tp: int, tp_rank: int, dtype: torch.dtype = torch.float32,
                  recompute: bool = False, sequence_parallel: bool = False, *, ep: int = 1, ep_rank: int = 0,
                  etp: int = 1, etp_rank: int = 0, balanced_routing: bool = False):
         super().__init__()
-        check_tp(cfg, tp)
-        self.cfg, self.tp, self.tp_rank = cfg, tp, tp_rank
+        check_tp(mcfg, tp)
+        self.cfg, self.tp, self.tp_rank = mcfg, tp, tp_rank
         self.sequence_parallel = sequence_parallel and tp > 1
-        check_moe(cfg, tp, ep, etp, self.sequence_parallel)
+        check_moe(mcfg, tp, ep, etp, self.sequence_parallel)
         self.ep, self.ep_rank, self.etp, self.etp_rank = ep, ep_rank, etp, etp_rank
         sp_group = _tp_group() if self.sequence_parallel else None
         self.sp_group = sp_group
@@ -337,21 +337,21 @@ class Qwen3Model(nn.Module):
             gradient_accumulation_fusion=False,
         )
         moe = None
-        if cfg.moe:
+        if mcfg.moe:
             ep_group = parallel_state.get_expert_model_parallel_group() if ep > 1 else None
             etp_group = parallel_state.get_expert_tensor_parallel_group() if etp > 1 else None
             moe = dict(ep=ep, ep_rank=ep_rank, ep_group=ep_group, balanced_routing=balanced_routing, etp=etp,
                        etp_rank=etp_rank, etp_group=etp_group)
-        self.embedding = Embedding(cfg, mp, sp_group, dtype)
-        self.decoder = Decoder(cfg, mp, tp, dtype, recompute, sp_group, moe)
+        self.embedding = Embedding(mcfg, mp, sp_group, dtype)
+        self.decoder = Decoder(mcfg, mp, tp, dtype, recompute, sp_group, moe)
         # Tied: no weight of its own; forward passes the embedding's [vocab/tp, hidden] shard.
         self.output_layer = ColumnParallelLinear(
-            cfg.hidden, cfg.vocab, config=mp, init_method=_no_init, bias=False, gather_output=False,
-            skip_weight_param_allocation=cfg.tied_embeddings, tp_group=_tp_group(),
+            mcfg.hidden, mcfg.vocab, config=mp, init_method=_no_init, bias=False, gather_output=False,
+            skip_weight_param_allocation=mcfg.tied_embeddings, tp_group=_tp_group(),
         )
         if sp_group is not None:
             sp.install(self.output_layer, "column", sp_group)
-        self._full_specs = build_inventory(cfg, sequence_parallel=self.sequence_parallel)
+        self._full_specs = build_inventory(mcfg, sequence_parallel=self.sequence_parallel)
         self._index = rank_index(self._full_specs, ep, ep_rank)
         self._specs = [self._full_specs[i] for i in self._index]
         names = [n for n, _ in self.named_parameters()]
@@ -394,14 +394,14 @@ class Qwen3Model(nn.Module):
         return vocab_parallel_cross_entropy(logits.float(), labels).mean()
 
 
-def check_moe(cfg: ModelConfig, tp: int, ep: int, etp: int, sequence_parallel: bool) -> None:
+def check_moe(mcfg: ModelConfig, tp: int, ep: int, etp: int, sequence_parallel: bool) -> None:
     """Raise a one-line ConfigError unless the model can be built with these expert sizes: EP and
     expert-TP must split the experts (`check_experts`), expert-TP is 1 or TP (`check_expert_tp`),
     and with TP an MoE model needs sequence parallelism (`check_moe_sequence_parallel`)."""
-    check_experts(cfg, ep, etp)
-    if not cfg.moe:
+    check_experts(mcfg, ep, etp)
+    if not mcfg.moe:
         return
-    check_moe_sequence_parallel(cfg, tp, sequence_parallel)
+    check_moe_sequence_parallel(mcfg, tp, sequence_parallel)
     check_expert_tp(tp, etp)
 
 
@@ -415,7 +415,7 @@ def rank_index(specs: list[ParamSpec], ep: int, ep_rank: int) -> list[int]:
     return [i for i, s in enumerate(specs) if s.expert is None or s.expert // per_rank == ep_rank]
 
 
-def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu", seed: int = 0,
+def build_model(mcfg: ModelConfig, *, device: torch.device | str = "cpu", seed: int = 0,
                 dtype: torch.dtype = torch.float32, init: bool = True, recompute: bool = False,
                 sequence_parallel: bool = False, balanced_routing: bool = False) -> Qwen3Model:
     """Build this rank's shard of the model with parameters (and so activations) in ``dtype``;
@@ -430,19 +430,19 @@ def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu", seed: i
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     experts = dict(ep=1, ep_rank=0, etp=1, etp_rank=0)
-    if cfg.moe:  # a dense model ignores the expert grid (Megatron's default etp is tp)
+    if mcfg.moe:  # a dense model ignores the expert grid (Megatron's default etp is tp)
         experts = dict(ep=parallel_state.get_expert_model_parallel_world_size(),
                        ep_rank=parallel_state.get_expert_model_parallel_rank(),
                        etp=parallel_state.get_expert_tensor_parallel_world_size(),
                        etp_rank=parallel_state.get_expert_tensor_parallel_rank())
-    model = Qwen3Model(cfg, tp, tp_rank, dtype, recompute, sequence_parallel, **experts,
+    model = Qwen3Model(mcfg, tp, tp_rank, dtype, recompute, sequence_parallel, **experts,
                        balanced_routing=balanced_routing)
     if not init:
         return _move_params(model, torch.device(device))
     with torch.no_grad():
         for idx, (_, p), spec in zip(model.full_index(), model.named_parameters(), model.param_specs()):
             split, rank = model.tp_split(spec)
-            p.copy_(init_shard(spec, idx, seed=seed, num_layers=cfg.num_layers, tp=split, tp_rank=rank))
+            p.copy_(init_shard(spec, idx, seed=seed, num_layers=mcfg.num_layers, tp=split, tp_rank=rank))
     return _move_params(model, torch.device(device))
 
 

@@ -16,11 +16,11 @@ from canzona.inventory import ModelConfig, build_inventory
 from canzona.model.qwen3 import Qwen3Model, full_views, init_shard
 
 
-def init_full_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+def init_full_state_dict(mcfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     """The full initial values ``build_model(cfg, seed=seed)`` shards, without any process group."""
     return {
-        s.name: init_shard(s, i, seed=seed, num_layers=cfg.num_layers)
-        for i, s in enumerate(build_inventory(cfg))
+        s.name: init_shard(s, i, seed=seed, num_layers=mcfg.num_layers)
+        for i, s in enumerate(build_inventory(mcfg))
     }
 
 

@@ -109,3 +109,19 @@ def test_an_expanded_sweep_is_called_sweep() -> None:
             if name != "sweep":
                 wrong.append(f"{f.relative_to(ROOT)}:{line} {name}")
     assert found >= 10 and not wrong, wrong
+
+
+def test_cfg_is_a_trial_config_and_mcfg_a_model_spec() -> None:
+    """The glossary's `cfg` / `mcfg`: no parameter annotated `ModelConfig` is called ``cfg``, none
+    annotated `TrialConfig` is called ``mcfg`` (docs/usage.md § Words)."""
+    import ast
+
+    wrong = []
+    for path in sorted((ROOT / "canzona").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for arg in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+                    kind = ast.unparse(arg.annotation).strip("'\"") if arg.annotation is not None else None
+                    if (arg.arg, kind) in (("cfg", "ModelConfig"), ("mcfg", "TrialConfig")):
+                        wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}({arg.arg}: {kind})")
+    assert not wrong, wrong
