@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from canzona.errors import ConfigError
+from canzona.layout import check_expert_sizes
 from canzona.model_spec import (  # noqa: F401  (re-exported: the spec is the inventory's input)
     QWEN3,
     QWEN3_ALL,
@@ -380,9 +381,7 @@ def check_moe_sequence_parallel(mcfg: ModelConfig, tp: int, sequence_parallel: b
 def check_experts(mcfg: ModelConfig, ep: int, etp: int) -> None:
     """Raise ConfigError unless ``ep`` EP ranks can split ``cfg``'s experts and ``etp`` expert-TP
     ranks each expert's FFN (the group arithmetic itself: `canzona.layout.ExpertLayout.check`)."""
-    for key, value in (("parallel.ep", ep), ("parallel.etp", etp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key}={value!r} must be a positive integer")
+    check_expert_sizes(ep, etp)
     if not mcfg.moe:
         if ep != 1:
             raise ConfigError(f"parallel.ep={ep} splits experts, and {mcfg.name} is dense; use parallel.ep=1 "

@@ -88,6 +88,13 @@ class RankLayout:
         return out
 
 
+def check_expert_sizes(ep: int, etp: int) -> None:
+    """``parallel.ep`` and ``parallel.etp`` are positive integers, or a one-line ConfigError."""
+    for key, value in (("parallel.ep", ep), ("parallel.etp", etp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key}={value!r} must be a positive integer")
+
+
 def check_expert_tp(tp: int, etp: int) -> None:
     """A one-line ConfigError unless expert TP is 1 or TP: the two grids the harness lays out
     (`ExpertLayout`) and builds (`canzona.model.qwen3.check_moe`)."""
@@ -124,9 +131,7 @@ class ExpertLayout:
     @classmethod
     def check(cls, dp: int, tp: int, ep: int, etp: int) -> ExpertLayout:
         """The layout, or a one-line ConfigError naming the values that do not fit."""
-        for key, value in (("parallel.ep", ep), ("parallel.etp", etp)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{key}={value!r} must be a positive integer")
+        check_expert_sizes(ep, etp)
         check_expert_tp(tp, etp)
         if (dp * tp // etp) % ep:
             raise ConfigError(f"parallel.ep={ep} does not divide dp*tp/etp={dp}*{tp}/{etp}={dp * tp // etp} "
