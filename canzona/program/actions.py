@@ -554,7 +554,6 @@ def dispatch_table(handlers: Mapping[type | tuple[type, ...], _H]) -> dict[type,
     return table
 
 
-
 @dataclass(frozen=True)
 class Program:
     """One rank's iteration: ``actions`` in order; ``prologue`` runs once before the first
