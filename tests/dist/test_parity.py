@@ -70,8 +70,8 @@ def _pairs(dp: int, tp: int) -> list[tuple[str, str, list[str]]]:
     axis of size 1 does nothing: at TP 1 one pair per DP strategy, at DP 1 one per TP strategy."""
     from canzona.plan.registry import DP_STRATEGIES, PRESETS, TP_STRATEGIES
 
-    presets = {(p.dp, p.tp) for p in PRESETS.values()}
-    out, tp_seen = [], set(p.tp for p in PRESETS.values()) if dp == 1 else set()
+    presets = {(p.dp_strategy, p.tp_strategy) for p in PRESETS.values()}
+    out, tp_seen = [], set(p.tp_strategy for p in PRESETS.values()) if dp == 1 else set()
     for d in DP_STRATEGIES:
         for t in TP_STRATEGIES if tp > 1 else ["duplicated"]:
             if d == "zero1" or t == "local" or (d, t) in presets or t in tp_seen:

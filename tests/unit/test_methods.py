@@ -56,7 +56,7 @@ def test_every_pair_plans_or_is_refused_in_one_line(d: str, t: str) -> None:
 
 
 def test_presets_keep_their_names_and_pairs() -> None:
-    assert {n: (p.dp, p.tp) for n, p in PRESETS.items()} == {
+    assert {n: (p.dp_strategy, p.tp_strategy) for n, p in PRESETS.items()} == {
         "canzona": ("balanced", "async_balanced"), "sync": ("ddp", "duplicated"),
         "layerwise": ("layerwise", "duplicated"), "adamw": ("zero1", "local"), "atomic": ("zero1_atomic", "duplicated"),
         "layerwise_sharded": ("layerwise_sharded", "duplicated"),
@@ -65,7 +65,7 @@ def test_presets_keep_their_names_and_pairs() -> None:
     assert (cfg.method.name, cfg.method.dp, cfg.method.tp, cfg.method.label) == (None, "zero1_atomic", "async",
                                                                                   "zero1_atomic+async")
     assert load_config(["method.dp=balanced", "method.tp=async_balanced"]).method.name == "canzona"
-    assert [rung(PRESETS[m].dp, PRESETS[m].tp) for m in ("sync", "atomic", "canzona")] == [
+    assert [rung(PRESETS[m].dp_strategy, PRESETS[m].tp_strategy) for m in ("sync", "atomic", "canzona")] == [
         "0_0-0_0", "1_0-0_0", "1_1-1_1"]
     assert rung("zero1_atomic", "async") == "1_0-1_0" and rung("layerwise", "duplicated") is None
 
