@@ -110,7 +110,7 @@ def _combos(wide: bool = False, dp: int = 1, tp: int = 1) -> list[tuple[str, str
 
 
 def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> dict:
-    from full_tensors import init_full_state_dict
+    from full_tensors import init_full_state_dict, step_from_grads
 
     from canzona.config import load_config
     from canzona.executor.runtime import Runtime
@@ -136,7 +136,7 @@ def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> 
         recorded_ok: list[str] = []
         for step in range(1, STEPS + 1):
             full = _grads(plan.params, step, ctx.dp_rank)
-            runtime.load_grads([_local(full[s.name], s, tp, ctx.tp_rank) for s in plan.params], timer)
+            step_from_grads(runtime, [_local(full[s.name], s, tp, ctx.tp_rank) for s in plan.params], timer)
             recorded_ok += compare_recorded(program, runtime.bytes_by_tag(), with_backward=False)
         runtime.finish(timer)
         got = full_state_dict(model)
