@@ -392,13 +392,13 @@ def method_of(row: dict[str, Any]) -> tuple[str | None, str | None]:
     name = row.get("method.name")
     if is_peer(name):  # someone else's code: no DP/TP pair, no rung (`canzona.peers`)
         return str(name), None
-    dp, tp = row.get("method.dp"), row.get("method.tp")
-    if dp in registry.DP_STRATEGIES and tp in registry.TP_STRATEGIES:
-        return registry.label(dp, tp), registry.rung(dp, tp)
+    dp_strategy, tp_strategy = row.get("method.dp"), row.get("method.tp")
+    if dp_strategy in registry.DP_STRATEGIES and tp_strategy in registry.TP_STRATEGIES:
+        return registry.label(dp_strategy, tp_strategy), registry.rung(dp_strategy, tp_strategy)
     old = row.get("method")
     if old in registry.PRESETS:
         p = registry.PRESETS[old]
-        return old, registry.rung(p.dp, p.tp)
+        return old, registry.rung(p.dp_strategy, p.tp_strategy)
     return (old if isinstance(old, str) else None), None
 
 

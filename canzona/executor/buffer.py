@@ -86,19 +86,18 @@ class FlatBuffers:
 
         return hook
 
-    def launch_ready(self, chain: int | None = None) -> None:
-        """Hand out every full bucket whose predecessors in its chain are out (strictly in order);
-        ``chain``: only that chain's (None: every chain's)."""
+    def launch_ready(self, chain: int) -> None:
+        """Hand out every full bucket of ``chain`` whose predecessors in it are out (strictly in
+        order)."""
         if self._on_ready is None:
             return
-        for k in range(len(self.chains)) if chain is None else (chain,):
-            end = self.chains[k][1]
-            while self._next_bucket[k] < end:
-                b = self._next_bucket[k]
-                if self._ready[b] < len(self.layout.buckets[b].params):
-                    break
-                self._next_bucket[k] += 1
-                self._on_ready(b)
+        end = self.chains[chain][1]
+        while self._next_bucket[chain] < end:
+            b = self._next_bucket[chain]
+            if self._ready[b] < len(self.layout.buckets[b].params):
+                break
+            self._next_bucket[chain] += 1
+            self._on_ready(b)
 
     def arm(self, on: bool) -> None:
         """Gradient accumulation: earlier micro-batches only accumulate into the buffer; the last
@@ -109,11 +108,6 @@ class FlatBuffers:
         self.grad_buf.zero_()
         self._ready = [0] * len(self.layout.buckets)
         self._next_bucket = [lo for lo, _ in self.chains]
-
-    def mark_all_ready(self) -> None:
-        """Treat every gradient as produced (when grads were written without backward)."""
-        self._ready = [len(b.params) for b in self.layout.buckets]
-        self.launch_ready()
 
     def check_complete(self) -> None:
         missing = [b.index for b, n in zip(self.layout.buckets, self._ready) if n < len(b.params)]

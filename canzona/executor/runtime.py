@@ -94,7 +94,7 @@ class Runtime:
         self._batches: list = []
         self._losses: list[torch.Tensor] = []
         self._timer = None
-        self._waited: set[str] = set()  # parameter gathers the forward pre-hooks waited for (`_start`)
+        self._waited: set[str] = set()  # parameter gathers the forward pre-hooks waited for (`start_iteration`)
         backwards = [k for k, a in enumerate(program.actions) if isinstance(a, Backward)]
         self._backward_index = backwards[-1] if backwards else -1
         backward = program.actions[self._backward_index] if backwards else None
@@ -195,20 +195,6 @@ class Runtime:
             out.setdefault(reader, []).append(tag)
         return {k: tuple(v) for k, v in out.items()}
 
-    def load_grads(self, local_grads: list[torch.Tensor], timer) -> None:
-        """Run one step from given TP-local gradients instead of forward/backward (parity tests):
-        the gradients land in the buffer, every bucket hook fires, the rest of the program runs.
-        Parameter gathers the last step left in flight are completed first, as forward would."""
-        first = self.program.actions[0] if self.program.actions else None
-        self._start()
-        for w in first.waits if isinstance(first, Forward) else ():
-            self._gather_wait(w)
-        for i, g in enumerate(local_grads):
-            self.buffers.grad_view(i).copy_(g)
-        self._timer = timer
-        self.buffers.mark_all_ready()
-        self.run(self.program.actions[self._backward_index + 1 :], timer)
-
     def finish(self, timer) -> None:
         """Complete whatever the program leaves in flight after its last iteration."""
         self.run(self.program.drain, timer)
@@ -243,7 +229,9 @@ class Runtime:
         return self.main_slice(s.start, s.end).view(self.buffers.params[index].shape)
 
     # ------------------------------------------------------------------ actions
-    def _start(self) -> None:
+    def start_iteration(self) -> None:
+        """Begin an iteration (the first micro-batch's forward does): an empty gradient buffer,
+        nothing recorded, no results, no parameter gather waited for yet."""
         self.param_gather_ms: float | None = 0.0
         self._waited.clear()  # the parameter gathers this iteration's forward pre-hooks waited for
         self.buffers.start_step()
@@ -270,7 +258,7 @@ class Runtime:
 
     def _forward(self, a: Forward, timer) -> None:
         if a.micro == 0:
-            self._start()
+            self.start_iteration()
         tokens, labels = self._batches[a.micro]
         with timer.phase(a.phase):
             self.loss = self.model(tokens, labels)

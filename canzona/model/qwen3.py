@@ -376,10 +376,6 @@ class Qwen3Model(nn.Module):
         """(ranks, this rank) that split ``spec`` along its ``tp_dim``: TP, or expert-TP for an expert."""
         return (self.etp, self.etp_rank) if spec.expert is not None else (self.tp, self.tp_rank)
 
-    def tp_partial_grad_params(self) -> list[tuple[str, nn.Parameter]]:
-        """Replicated params whose grads are partial per TP rank (sum them over TP)."""
-        return [(n, p) for (n, p), s in zip(self.named_parameters(), self._specs) if s.tp_grad_allreduce]
-
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         h = self.decoder(self.embedding(tokens))
         weight = self.embedding.word_embeddings.weight if self.cfg.tied_embeddings else None

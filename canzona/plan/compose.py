@@ -32,18 +32,19 @@ from canzona.plan.tp import MicroGroup
 from canzona.plan.types import DpLayout, Plan, PlanInputs, TpMode
 
 
-def compose(inputs: PlanInputs, dp: str, tp: str) -> Plan:
-    """The plan of DP strategy ``dp`` with TP strategy ``tp`` on ``inputs``."""
+def compose(inputs: PlanInputs, dp_strategy: str, tp_strategy: str) -> Plan:
+    """The plan of DP strategy ``dp_strategy`` with TP strategy ``tp_strategy`` on ``inputs``."""
     t0 = time.perf_counter()
-    check(dp, tp, inputs.matrix_optimizer, inputs.tp)
-    dps, tps = DP_STRATEGIES[dp], TP_STRATEGIES[tp]
+    check(dp_strategy, tp_strategy, inputs.matrix_optimizer, inputs.tp)
+    dps, tps = DP_STRATEGIES[dp_strategy], TP_STRATEGIES[tp_strategy]
     matrix_rule = inputs.matrix_optimizer and not dps.ELEMENTWISE_ONLY
     mode: TpMode = tps.MODE if matrix_rule and inputs.tp > 1 else "local"
     split = frozenset(i for i, p in enumerate(inputs.params) if matrix_rule and p.kind == "matrix" and p.tp_dim is not None)
     # what the TP strategy splits over TP owners (nothing unless it pipelines): a DP strategy
     # that balances DP x TP jointly counts those matrices on one TP rank, the rest on all
     tp_split = split if mode == "pipeline" else frozenset()
-    plans = [_join(inputs, dp, tp, matrix_rule, mode, split, c) for c in dps.candidates(inputs, tp_split)]
+    plans = [_join(inputs, dp_strategy, tp_strategy, matrix_rule, mode, split, c)
+             for c in dps.candidates(inputs, tp_split)]
     if len(plans) == 1:
         best = plans[0]
     else:  # min keeps the first tie
@@ -52,8 +53,8 @@ def compose(inputs: PlanInputs, dp: str, tp: str) -> Plan:
     return replace(best, plan_seconds=time.perf_counter() - t0)
 
 
-def _join(inputs: PlanInputs, dp: str, tp: str, matrix_rule: bool, mode: TpMode, split: frozenset[int],
-          c: DpLayout) -> Plan:
+def _join(inputs: PlanInputs, dp_strategy: str, tp_strategy: str, matrix_rule: bool, mode: TpMode,
+          split: frozenset[int], c: DpLayout) -> Plan:
     if c.layout is not None:  # the DP strategy's own buffer
         inputs = replace(inputs, layout=c.layout)
     n = len(inputs.params)
@@ -64,16 +65,16 @@ def _join(inputs: PlanInputs, dp: str, tp: str, matrix_rule: bool, mode: TpMode,
         items = [i for i in sorted(split) if c.dp_owner[i] in (None, d)] if mode == "pipeline" else []
         key = tuple(items)
         if key not in cache:
-            cache[key] = tuple(TP_STRATEGIES[tp].groups(items, inputs, c.tp_hint)) if items else ()
+            cache[key] = tuple(TP_STRATEGIES[tp_strategy].groups(items, inputs, c.tp_hint)) if items else ()
         for g in cache[key]:
             for i, o in zip(g.items, g.owners):
                 tp_owner[i] = o
         groups.append(cache[key])
     return Plan(
-        method=label(dp, tp), params=inputs.params, layout=inputs.layout, cost=inputs.cost,
+        method=label(dp_strategy, tp_strategy), params=inputs.params, layout=inputs.layout, cost=inputs.cost,
         cost_model=inputs.cost_model, matrix_rule=matrix_rule, grad_reduce=c.grad_reduce, param_sync=c.param_sync,
         tp_mode=mode, shard_ranges=c.shard_ranges, dp_owner=c.dp_owner, tp_owner=tuple(tp_owner),
-        micro_groups=tuple(groups), dp_strategy=dp, tp_strategy=tp,
+        micro_groups=tuple(groups), dp_strategy=dp_strategy, tp_strategy=tp_strategy,
     )
 
 

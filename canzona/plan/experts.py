@@ -74,15 +74,16 @@ def _key(inputs: PlanInputs) -> tuple:
             tuple(inputs.cost[k] for k in range(len(inputs.params))))
 
 
-def plan_experts(ei: ExpertInputs, dp: str, tp: str) -> ExpertPlan:
-    """Every EP rank's expert buffer planned by DP strategy ``dp`` with TP strategy ``tp``."""
+def plan_experts(ei: ExpertInputs, dp_strategy: str, tp_strategy: str) -> ExpertPlan:
+    """Every EP rank's expert buffer planned by DP strategy ``dp_strategy`` with TP strategy
+    ``tp_strategy``."""
     t0 = time.perf_counter()
     done: dict[tuple, Plan] = {}
     plans = []
     for inputs in ei.inputs:
         key = _key(inputs)
         if key not in done:
-            done[key] = compose(inputs, dp, tp)
+            done[key] = compose(inputs, dp_strategy, tp_strategy)
         plans.append(replace(done[key], params=inputs.params))  # same plan, this EP rank's names
     return ExpertPlan(ei.layout, ei.index, tuple(plans), ei.bucket_size, time.perf_counter() - t0)
 

@@ -40,8 +40,8 @@ TP_STRATEGIES: dict[str, TpStrategy] = {m.NAME: m for m in (duplicated, async_, 
 
 
 class Preset(NamedTuple):
-    dp: str
-    tp: str
+    dp_strategy: str
+    tp_strategy: str
     summary: str
 
 
@@ -70,26 +70,28 @@ LADDER = (
 )
 
 
-def label(dp: str, tp: str) -> str:
+def label(dp_strategy: str, tp_strategy: str) -> str:
     """The name a method shows: its preset's, else ``<dp>+<tp>``."""
     for name, p in PRESETS.items():
-        if (p.dp, p.tp) == (dp, tp):
+        if (p.dp_strategy, p.tp_strategy) == (dp_strategy, tp_strategy):
             return name
-    return f"{dp}+{tp}"
+    return f"{dp_strategy}+{tp_strategy}"
 
 
-def rung(dp: str, tp: str) -> str | None:
+def rung(dp_strategy: str, tp_strategy: str) -> str | None:
     """The authors' ladder name of a pair (``1_0-1_0``), None when either is not on the ladder."""
-    a, b = DP_STRATEGIES[dp].RUNG, TP_STRATEGIES[tp].RUNG
+    a, b = DP_STRATEGIES[dp_strategy].RUNG, TP_STRATEGIES[tp_strategy].RUNG
     return f"{a}-{b}" if a and b else None
 
 
 def pair_of(method: str) -> tuple[str, str] | None:
-    """The (dp, tp) pair a method label names (a preset or ``<dp>+<tp>``), None if none."""
+    """The (DP strategy, TP strategy) pair a method label names (a preset or ``<dp>+<tp>``),
+    None if none."""
     if method in PRESETS:
-        return PRESETS[method].dp, PRESETS[method].tp
-    dp, plus, tp = str(method).partition("+")
-    return (dp, tp) if plus and dp in DP_STRATEGIES and tp in TP_STRATEGIES else None
+        return PRESETS[method].dp_strategy, PRESETS[method].tp_strategy
+    dp_strategy, plus, tp_strategy = str(method).partition("+")
+    return ((dp_strategy, tp_strategy) if plus and dp_strategy in DP_STRATEGIES and tp_strategy in TP_STRATEGIES
+            else None)
 
 
 def method_rank(method: str) -> tuple[int, int, str]:
@@ -118,37 +120,38 @@ def method_rank(method: str) -> tuple[int, int, str]:
 _LAYERWISE = ("layerwise", "layerwise_sharded", "layerwise_sharded_ns")
 
 
-def elementwise_only(dp: str) -> bool:
+def elementwise_only(dp_strategy: str) -> bool:
     """The DP strategy updates every param elementwise, whatever the optimizer (``zero1``)."""
-    return bool(DP_STRATEGIES[dp].ELEMENTWISE_ONLY)
+    return bool(DP_STRATEGIES[dp_strategy].ELEMENTWISE_ONLY)
 
 
-def resolve(name: str | None, dp: str | None, tp: str | None) -> tuple[str | None, str, str]:
-    """(preset, dp, tp) from what was given: the preset fills in what ``method.dp`` / ``method.tp``
-    leave out; the result's preset is the one whose pair it is (None for other pairs)."""
+def resolve(name: str | None, dp_strategy: str | None, tp_strategy: str | None) -> tuple[str | None, str, str]:
+    """(preset, DP strategy, TP strategy) from what was given: the preset fills in what
+    ``method.dp`` / ``method.tp`` leave out; the result's preset is the one whose pair it is (None
+    for other pairs)."""
     if name is not None and name not in PRESETS:
         raise ConfigError(f"method={name!r} is not a preset; choose one of: {', '.join(PRESETS)} "
                           f"(or give method.dp and method.tp)")
     preset = PRESETS[name] if name is not None else None
-    dp = dp if dp is not None else (preset.dp if preset else None)
-    tp = tp if tp is not None else (preset.tp if preset else None)
-    for key, value, allowed in (("method.dp", dp, DP_STRATEGIES), ("method.tp", tp, TP_STRATEGIES)):
+    dp_strategy = dp_strategy if dp_strategy is not None else (preset.dp_strategy if preset else None)
+    tp_strategy = tp_strategy if tp_strategy is not None else (preset.tp_strategy if preset else None)
+    for key, value, allowed in (("method.dp", dp_strategy, DP_STRATEGIES), ("method.tp", tp_strategy, TP_STRATEGIES)):
         if value is None:
             raise ConfigError(f"{key} is not set: give {key}=NAME ({', '.join(allowed)}) or a preset method=NAME")
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
-    assert dp is not None and tp is not None
-    found = label(dp, tp)
-    return (found if found in PRESETS else None), dp, tp
+    assert dp_strategy is not None and tp_strategy is not None
+    found = label(dp_strategy, tp_strategy)
+    return (found if found in PRESETS else None), dp_strategy, tp_strategy
 
 
-def check(dp: str, tp: str, matrix_optimizer: bool, tp_size: int) -> None:
+def check(dp_strategy: str, tp_strategy: str, matrix_optimizer: bool, tp_size: int) -> None:
     """Refuse, in one line, the pairs that cannot run: an elementwise-only DP strategy with a TP
     strategy that gathers matrices, and shard-local TP under a matrix optimizer at TP > 1."""
-    if elementwise_only(dp) and tp != "local":
-        raise ConfigError(f"method.dp={dp} updates equal shards elementwise, so TP has no matrices to gather: "
-                          f"method.tp={tp} is not allowed with it; use method.tp=local")
-    if tp == "local" and matrix_optimizer and not elementwise_only(dp) and tp_size > 1:
+    if elementwise_only(dp_strategy) and tp_strategy != "local":
+        raise ConfigError(f"method.dp={dp_strategy} updates equal shards elementwise, so TP has no matrices to gather: "
+                          f"method.tp={tp_strategy} is not allowed with it; use method.tp=local")
+    if tp_strategy == "local" and matrix_optimizer and not elementwise_only(dp_strategy) and tp_size > 1:
         raise ConfigError(f"method.tp=local updates each TP shard on its own, which a matrix optimizer cannot do at "
                           f"parallel.tp={tp_size}; choose method.tp=duplicated, async or async_balanced "
                           f"(or optimizer.name=adamw)")

@@ -1,9 +1,12 @@
 """Test support: a model's full (unsharded) tensors -- the initial values without any process
-group, every rank's gradients gathered, and a full state dict loaded into a sharded model.
+group, every rank's gradients gathered (and which are partial per TP rank), and a full state dict
+loaded into a sharded model -- and one iteration of a rank's program run from given gradients
+instead of forward and backward.
 
 The product needs only `canzona.model.qwen3.full_state_dict` (``save_params``); the parity and
-model tests compare full tensors, so these live here (importable as ``full_tensors`` from this
-folder, in the test process and in the ranks `util.run_ranks` starts).
+model tests compare full tensors and step from known gradients, so these live here (importable
+as ``full_tensors`` from this folder, in the test process and in the ranks `util.run_ranks`
+starts).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from megatron.core import parallel_state
 
 from canzona.inventory import ModelConfig, build_inventory
 from canzona.model.qwen3 import Qwen3Model, full_views, init_shard
+from canzona.program.actions import Backward
 
 
 def init_full_state_dict(mcfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
@@ -39,6 +43,11 @@ def full_grad_dict(model: Qwen3Model, *, reduce_partial: bool = True) -> dict[st
     return full_views(model, grads)
 
 
+def tp_partial_grad_params(model: Qwen3Model) -> list[tuple[str, torch.nn.Parameter]]:
+    """Replicated params whose grads are partial per TP rank (sum them over TP)."""
+    return [(n, p) for (n, p), s in zip(model.named_parameters(), model.param_specs()) if s.tp_grad_allreduce]
+
+
 def load_full_state_dict(model: Qwen3Model, full: dict[str, torch.Tensor]) -> None:
     """Copy this rank's shard of each full tensor (every param of the full inventory, all
     experts included) into the model (no communication)."""
@@ -57,3 +66,20 @@ def load_full_state_dict(model: Qwen3Model, full: dict[str, torch.Tensor]) -> No
                 size = s.shape[s.tp_dim] // split
                 t = t.narrow(s.tp_dim, rank * size, size)
             p.copy_(t)
+
+
+def step_from_grads(runtime, local_grads: list[torch.Tensor], timer) -> None:
+    """One iteration of ``runtime``'s program from given gradients (the rank's, TP-local, in its
+    params' order) instead of forward and backward: the iteration starts as the first forward
+    starts it, the parameter gathers the last one left in flight complete as the forward would
+    complete them (the program's drain is that chain), the gradients land in the buffer, every
+    bucket's hook issues (in bucket order, as a backward that filled them all would), and the
+    actions after the backward run."""
+    actions = runtime.program.actions
+    last_backward = max(k for k, a in enumerate(actions) if isinstance(a, Backward))
+    runtime.start_iteration()
+    runtime.run(runtime.program.drain, timer)
+    for i, g in enumerate(local_grads):
+        runtime.buffers.grad_view(i).copy_(g)
+    runtime.run([c for h in actions[last_backward].hooks for c in h.issue], timer)
+    runtime.run(actions[last_backward + 1 :], timer)

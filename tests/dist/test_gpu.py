@@ -37,7 +37,7 @@ def _grads(specs, step: int, dp_rank: int) -> dict[str, torch.Tensor]:
 def _step_parity_worker(rank: int, world: int, dp: int) -> dict:
     """fp32 step parity on CUDA: the runtime's parameters equal the single-process reference's
     (also on CUDA) after 3 steps of rank-dependent gradients, for every method."""
-    from full_tensors import init_full_state_dict
+    from full_tensors import init_full_state_dict, step_from_grads
 
     from canzona.config import load_config
     from canzona.executor.runtime import Runtime
@@ -63,7 +63,7 @@ def _step_parity_worker(rank: int, world: int, dp: int) -> dict:
         problems = []
         for step in range(1, 4):
             full = _grads(plan.params, step, ctx.dp_rank)
-            runtime.load_grads([full[s.name].to(dev) for s in plan.params], timer)
+            step_from_grads(runtime, [full[s.name].to(dev) for s in plan.params], timer)
             problems += compare_recorded(program, runtime.bytes_by_tag(), with_backward=False)
         runtime.finish(timer)
         torch.cuda.synchronize()

@@ -195,7 +195,7 @@ def test_init_is_tp_independent():
 
 @pytest.mark.parametrize("key", list(CONFIGS))
 def test_names_shapes_reference_and_roundtrip(single_rank, key):
-    from full_tensors import init_full_state_dict, load_full_state_dict
+    from full_tensors import init_full_state_dict, load_full_state_dict, tp_partial_grad_params
 
     from canzona.model import build_model, full_state_dict
 
@@ -204,7 +204,7 @@ def test_names_shapes_reference_and_roundtrip(single_rank, key):
     inv = build_inventory(cfg)
     assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == [(s.name, s.shape) for s in inv]
     assert model.param_specs() == inv
-    assert [n for n, _ in model.tp_partial_grad_params()] == [s.name for s in inv if s.tp_grad_allreduce]
+    assert [n for n, _ in tp_partial_grad_params(model)] == [s.name for s in inv if s.tp_grad_allreduce]
     full = full_state_dict(model)
     _assert_close_dicts(full, init_full_state_dict(cfg, SEED), 0.0, "init")
 
@@ -246,7 +246,7 @@ def test_fused_split_check_can_fail(single_rank):
 
 def _two_rank_worker(rank: int, world: int) -> dict:
     import torch.distributed as dist
-    from full_tensors import full_grad_dict, load_full_state_dict
+    from full_tensors import full_grad_dict, load_full_state_dict, tp_partial_grad_params
 
     from canzona.model import build_model, destroy_parallel, full_state_dict, init_parallel
 
@@ -269,7 +269,7 @@ def _two_rank_worker(rank: int, world: int) -> dict:
         loss = model(tok, lab)
         loss.backward()
         grads = full_grad_dict(model)
-        partial = {n: p.grad.clone() for n, p in model.tp_partial_grad_params()}
+        partial = {n: p.grad.clone() for n, p in tp_partial_grad_params(model)}
         out[key] = dict(
             local=local, want_local=[(s.name, s.local_shape(2)) for s in specs], full=full, loss=loss.item(),
             grads=grads, partial=partial, split_err=split_err, roundtrip=roundtrip,

@@ -44,6 +44,8 @@ def _local(full: torch.Tensor, spec, tp: int, tp_rank: int) -> torch.Tensor:
 
 
 def _worker(rank: int, world: int, dp: int, tp: int, ep: int, etp: int) -> dict:
+    from full_tensors import step_from_grads
+
     from canzona.config import load_config
     from canzona.executor.runtime import Runtime
     from canzona.executor.timing import StepTimer
@@ -75,7 +77,7 @@ def _worker(rank: int, world: int, dp: int, tp: int, ep: int, etp: int) -> dict:
         for step in range(1, STEPS + 1):
             grads = [local(i, s, _grad(s.name, s.shape, step, f"d{ctx.dp_rank}" if i < space.dense_params
                                        else f"e{edp_rank}")) for i, s in enumerate(space.params)]
-            runtime.load_grads(grads, timer)
+            step_from_grads(runtime, grads, timer)
             recorded += compare_recorded(program, runtime.bytes_by_tag(), with_backward=False)
         runtime.finish(timer)
         out[f"{method} {optimizer}"] = {

@@ -70,8 +70,8 @@ def _pairs(dp: int, tp: int) -> list[tuple[str, str, list[str]]]:
     axis of size 1 does nothing: at TP 1 one pair per DP strategy, at DP 1 one per TP strategy."""
     from canzona.plan.registry import DP_STRATEGIES, PRESETS, TP_STRATEGIES
 
-    presets = {(p.dp, p.tp) for p in PRESETS.values()}
-    out, tp_seen = [], set(p.tp for p in PRESETS.values()) if dp == 1 else set()
+    presets = {(p.dp_strategy, p.tp_strategy) for p in PRESETS.values()}
+    out, tp_seen = [], set(p.tp_strategy for p in PRESETS.values()) if dp == 1 else set()
     for d in DP_STRATEGIES:
         for t in TP_STRATEGIES if tp > 1 else ["duplicated"]:
             if d == "zero1" or t == "local" or (d, t) in presets or t in tp_seen:
@@ -110,7 +110,7 @@ def _combos(wide: bool = False, dp: int = 1, tp: int = 1) -> list[tuple[str, str
 
 
 def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> dict:
-    from full_tensors import init_full_state_dict
+    from full_tensors import init_full_state_dict, step_from_grads
 
     from canzona.config import load_config
     from canzona.executor.runtime import Runtime
@@ -136,7 +136,7 @@ def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> 
         recorded_ok: list[str] = []
         for step in range(1, STEPS + 1):
             full = _grads(plan.params, step, ctx.dp_rank)
-            runtime.load_grads([_local(full[s.name], s, tp, ctx.tp_rank) for s in plan.params], timer)
+            step_from_grads(runtime, [_local(full[s.name], s, tp, ctx.tp_rank) for s in plan.params], timer)
             recorded_ok += compare_recorded(program, runtime.bytes_by_tag(), with_backward=False)
         runtime.finish(timer)
         got = full_state_dict(model)

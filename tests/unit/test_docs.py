@@ -7,7 +7,7 @@
   is one module of `canzona.plan.strategies` named as the strategy (PEP 8's trailing underscore
   where the name is a Python keyword: ``async`` is ``async_.py``), and the registry lists each;
   an expanded sweep (`ExpandedSweep`, not a `Plan`) is a parameter named ``sweep`` wherever one
-  is taken.
+  is taken; ``dp`` / ``tp`` are sizes and a strategy's name is ``dp_strategy`` / ``tp_strategy``.
 """
 
 from __future__ import annotations
@@ -125,3 +125,64 @@ def test_cfg_is_a_trial_config_and_mcfg_a_model_spec() -> None:
                     if (arg.arg, kind) in (("cfg", "ModelConfig"), ("mcfg", "TrialConfig")):
                         wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}({arg.arg}: {kind})")
     assert not wrong, wrong
+
+
+# A size is an int, a strategy name a str: which names may hold which (docs/usage.md § Words).
+_SIZE_NAMES, _STRATEGY_NAMES = ("dp", "tp"), ("dp_strategy", "tp_strategy")
+# Named as the config keys they hold (``method.dp``, ``method.tp``), the one place ``dp`` / ``tp``
+# are strategy names in code: the keys are user-facing and recorded, so they keep their names.
+_KEY_FIELDS = {("canzona/config.py", "MethodSection")}
+
+
+def _holds(annotation: ast.expr | None, default: ast.expr | None) -> set[str]:
+    """The kinds ("int", "str") a parameter's or field's annotation names or its default is."""
+    kinds = set(re.findall(r"\b(int|str)\b", ast.unparse(annotation))) if annotation is not None else set()
+    if isinstance(default, ast.Constant) and type(default.value) in (int, str):
+        kinds.add(type(default.value).__name__)
+    return kinds
+
+
+def strategy_size_mixups(tree: ast.AST, path: str = "") -> list[str]:
+    """Every parameter (and class field) named as a size (``dp``, ``tp``) that holds a str, or
+    named as a strategy (``dp_strategy``, ``tp_strategy``) that holds an int."""
+    wrong = []
+    for node in ast.walk(tree):
+        named: list[tuple[str, ast.expr | None, ast.expr | None, int]] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            positional = [*a.posonlyargs, *a.args]
+            defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+            named += [(x.arg, x.annotation, d, x.lineno) for x, d in zip(positional, defaults)]
+            named += [(x.arg, x.annotation, d, x.lineno) for x, d in zip(a.kwonlyargs, a.kw_defaults)]
+        elif isinstance(node, ast.ClassDef) and (path, node.name) not in _KEY_FIELDS:
+            named += [(s.target.id, s.annotation, s.value, s.lineno) for s in node.body
+                      if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+        for name, annotation, default, line in named:
+            kinds = _holds(annotation, default)
+            if (name in _SIZE_NAMES and "str" in kinds) or (name in _STRATEGY_NAMES and "int" in kinds):
+                wrong.append(f"{path}:{line} {name}: {' | '.join(sorted(kinds))}")
+    return wrong
+
+
+def test_the_size_and_strategy_check_finds_mixups() -> None:
+    bad = ("def compose(inputs, dp: str, tp='duplicated'): ...\n"
+           "def grid(dp_strategy: int, *, tp_strategy=2): ...\n"
+           "class Preset:\n    dp: str\n    tp_strategy: str\n")
+    good = ("def compose(inputs, dp_strategy: str, tp_strategy: 'str | None' = None): ...\n"
+            "def grid(dp: int, tp=2, *, tp_size: int = 1): ...\n")
+    assert sorted(w.split(" ", 1)[1] for w in strategy_size_mixups(ast.parse(bad))) == sorted(
+        ["dp: str", "tp: str", "dp: str", "dp_strategy: int", "tp_strategy: int"])
+    assert strategy_size_mixups(ast.parse(good)) == []
+
+
+def test_dp_and_tp_are_sizes_and_strategies_say_so() -> None:
+    """docs/usage.md § Words: in code ``dp`` / ``tp`` are sizes (ints, as Megatron names them), a
+    DP or TP strategy's name is ``dp_strategy`` / ``tp_strategy``; only the config fields named as
+    their keys (``method.dp``, ``method.tp``) hold a strategy under the short name."""
+    found, wrong = 0, []
+    for path in sorted([*(ROOT / "canzona").rglob("*.py"), *(ROOT / "analysis").rglob("*.py"),
+                        *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]):
+        text = path.read_text()
+        found += len(re.findall(r"\b(?:dp|tp)_strategy: str\b", text))
+        wrong += strategy_size_mixups(ast.parse(text), str(path.relative_to(ROOT)))
+    assert found >= 15 and not wrong, wrong

@@ -2,14 +2,16 @@
 
 The layer table is read from docs/design.md, so the drawing and the check cannot drift apart.
 Every import counts -- at module level, inside functions, under ``if TYPE_CHECKING:`` -- except
-the lazy imports named in `ALLOWED`, each with its reason.
+the lazy imports named in `ALLOWED`, each with its reason. The walk over a file's imports is
+`import_walk.imports`, the one the other structure tests (import cycles, one-way imports) use.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
+
+from import_walk import imports, module_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,51 +45,17 @@ def layer_of(module: str, table: list[tuple[int, list[str]]]) -> int:
     return best[1]
 
 
-def _modules() -> dict[str, Path]:
-    return {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): f
-            for f in sorted((ROOT / "canzona").rglob("*.py"))}
-
-
-def imports(path: Path, modules: set[str]) -> list[tuple[str, int, bool]]:
-    """(imported `canzona` module, line, lazy) for every import in the file: ``from pkg import
-    name`` is an import of ``pkg.name`` when that is a module. Lazy: not at the file's top level
-    (a function's body; ``if TYPE_CHECKING:`` blocks and ``try:`` at the top level count as top)."""
-    tree = ast.parse(path.read_text())
-    top: set[int] = set()
-
-    def mark(body: list[ast.stmt]) -> None:
-        for node in body:
-            top.add(id(node))
-            if isinstance(node, ast.If | ast.Try):
-                mark(node.body)
-                mark(node.orelse)
-                mark([s for h in getattr(node, "handlers", []) for s in h.body])
-
-    mark(tree.body)
-    out = []
-    for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                     for a in node.names]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        out += [(n, node.lineno, id(node) not in top) for n in dict.fromkeys(names)
-                if n == "canzona" or n.startswith("canzona.")]
-    return out
-
-
 def up_imports() -> list[tuple[str, str, int, bool]]:
     """(importer, imported, line, lazy) of every import that runs up the layers."""
     table = layer_table()
-    mods = _modules()
-    return [(m, d, line, lazy) for m, f in mods.items() for d, line, lazy in imports(f, set(mods))
-            if layer_of(d, table) > layer_of(m, table)]
+    mods = module_files("canzona")
+    return [(m, i.module, i.line, i.lazy) for m, f in mods.items() for i in imports(f, set(mods))
+            if layer_of(i.module, table) > layer_of(m, table)]
 
 
 def test_every_module_has_a_layer() -> None:
     table = layer_table()
-    for m in _modules():
+    for m in module_files("canzona"):
         layer_of(m, table)
 
 
@@ -107,4 +75,19 @@ def test_the_walk_sees_lazy_and_typing_imports(tmp_path: Path) -> None:
     f = tmp_path / "m.py"
     f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from canzona.config import TrialConfig\n"
                  "def g():\n    from canzona import run\n")
-    assert imports(f, {"canzona.run", "canzona.config"}) == [("canzona.config", 3, False), ("canzona.run", 5, True)]
+    assert [i[:4] for i in imports(f, {"canzona.run", "canzona.config"})] == [
+        ("canzona.config", 3, False, True), ("canzona.run", 5, True, False)]
+
+
+def test_the_walk_names_modules_packages_and_other_imports(tmp_path: Path) -> None:
+    """What the cycle and one-way checks read from the same walk: ``from pkg import a, f`` is an
+    import of the module ``pkg.a`` and of ``pkg`` (``f`` is not a module), each with ``pkg`` as
+    its package; other packages' imports only when asked (``packages=None``)."""
+    f = tmp_path / "m.py"
+    f.write_text("import torch\nfrom canzona.plan import registry, label\ntry:\n    import canzona.sim\n"
+                 "except ImportError:\n    pass\nclass C:\n    from canzona import cost\n")
+    mods = {"canzona.plan", "canzona.plan.registry", "canzona.cost", "canzona.sim"}
+    assert imports(f, mods) == [
+        ("canzona.plan.registry", 2, False, False, "canzona.plan"), ("canzona.plan", 2, False, False, "canzona.plan"),
+        ("canzona.sim", 4, False, False, None), ("canzona.cost", 8, True, False, "canzona")]
+    assert [i.module for i in imports(f, mods, packages=None)][:1] == ["torch"]

@@ -4,12 +4,12 @@ rule says, and the planner's modules import no cycle."""
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from import_walk import imports, module_files
 
 from canzona.config import load_config
 from canzona.cost import NumelCost
@@ -56,7 +56,7 @@ def test_every_pair_plans_or_is_refused_in_one_line(d: str, t: str) -> None:
 
 
 def test_presets_keep_their_names_and_pairs() -> None:
-    assert {n: (p.dp, p.tp) for n, p in PRESETS.items()} == {
+    assert {n: (p.dp_strategy, p.tp_strategy) for n, p in PRESETS.items()} == {
         "canzona": ("balanced", "async_balanced"), "sync": ("ddp", "duplicated"),
         "layerwise": ("layerwise", "duplicated"), "adamw": ("zero1", "local"), "atomic": ("zero1_atomic", "duplicated"),
         "layerwise_sharded": ("layerwise_sharded", "duplicated"),
@@ -65,7 +65,7 @@ def test_presets_keep_their_names_and_pairs() -> None:
     assert (cfg.method.name, cfg.method.dp, cfg.method.tp, cfg.method.label) == (None, "zero1_atomic", "async",
                                                                                   "zero1_atomic+async")
     assert load_config(["method.dp=balanced", "method.tp=async_balanced"]).method.name == "canzona"
-    assert [rung(PRESETS[m].dp, PRESETS[m].tp) for m in ("sync", "atomic", "canzona")] == [
+    assert [rung(PRESETS[m].dp_strategy, PRESETS[m].tp_strategy) for m in ("sync", "atomic", "canzona")] == [
         "0_0-0_0", "1_0-0_0", "1_1-1_1"]
     assert rung("zero1_atomic", "async") == "1_0-1_0" and rung("layerwise", "duplicated") is None
 
@@ -116,29 +116,16 @@ def test_balance_removes_what_whole_tensor_ownership_piles_up() -> None:
     assert atomic.compute.sum() - tp_async.compute.sum() == pytest.approx(sharded)  # computed twice -> once
 
 
-def _module_imports(path: Path) -> set[str]:
-    """Module-level imports of a file, those under ``if TYPE_CHECKING:`` included."""
-    out: set[str] = set()
-
-    def visit(body: list[ast.stmt]) -> None:
-        for node in body:
-            if isinstance(node, ast.If):
-                visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Import):
-                out.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                out.add(node.module)
-                out.update(f"{node.module}.{a.name}" for a in node.names)
-
-    visit(ast.parse(path.read_text()).body)
-    return out
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """Module-level imports of a file, those under ``if TYPE_CHECKING:`` included, from the one
+    import walk (`import_walk`): ``from pkg import y`` counts ``pkg`` (loaded first) and ``pkg.y``
+    when y is one of ``modules``."""
+    return {m for i in imports(path, modules, packages=None) if not i.lazy for m in (i.module, i.package) if m}
 
 
 def test_no_import_cycle_counting_type_checking_imports() -> None:
-    files = [*ROOT.glob("canzona/**/*.py"), *ROOT.glob("analysis/*.py")]
-    mods = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p for p in files}
-    graph = {m: {d for d in _module_imports(p) if d in mods and d != m} for m, p in mods.items()}
+    mods = module_files("canzona", "analysis")
+    graph = {m: {d for d in _module_imports(p, set(mods)) if d in mods and d != m} for m, p in mods.items()}
     state: dict[str, int] = {}  # 1: on the path, 2: done
 
     def walk(m: str, path: list[str]) -> None:
@@ -158,9 +145,10 @@ def test_no_import_cycle_counting_type_checking_imports() -> None:
 def test_planners_read_no_config() -> None:
     """The strategies and the composer take plain inputs: no `TrialConfig`, no cost model."""
     planners = [*ROOT.glob("canzona/plan/strategies/*.py"), ROOT / "canzona/plan/compose.py", ROOT / "canzona/plan/registry.py"]
+    modules = set(module_files("canzona"))
     for p in planners:
-        imports = _module_imports(p)
-        assert not {i for i in imports if i.startswith(("canzona.config", "canzona.cost", "torch"))}, p
+        found = _module_imports(p, modules)
+        assert not {i for i in found if i.startswith(("canzona.config", "canzona.cost", "torch"))}, p
 
 
 def _usage_blocks() -> list[str]:

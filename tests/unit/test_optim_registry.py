@@ -3,7 +3,6 @@ flops, refresh cost, state size and calibration shapes are written down."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import graphlib
 import math
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from import_walk import imports, module_files
 from omegaconf import OmegaConf
 
 from canzona import config, hardware
@@ -159,23 +159,11 @@ def test_measured_cost_sums_the_blocks_it_has(tmp_path: Path) -> None:
 
 
 def _imports() -> dict[str, set[str]]:
-    """Module -> the canzona modules it imports anywhere in its body (function-level included);
-    ``from pkg import sub`` counts as importing the submodule ``pkg.sub``."""
-    files = {}
-    for path in PACKAGE.rglob("*.py"):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
-        files[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("canzona"):
-                subs = {f"{node.module}.{a.name}" for a in node.names} & set(files)
-                deps |= subs or {node.module}
-            elif isinstance(node, ast.Import):
-                deps.update(a.name for a in node.names if a.name.startswith("canzona"))
-        graph[name] = {d for d in deps if d in files and d != name}
-    return graph
+    """Module -> the canzona modules it imports anywhere in its body (function-level included),
+    from the one import walk (`import_walk`): ``from pkg import sub`` counts as importing the
+    submodule ``pkg.sub``."""
+    files = module_files("canzona")
+    return {name: {i.module for i in imports(path, set(files))} & set(files) - {name} for name, path in files.items()}
 
 
 def test_optimizer_modules_import_one_way() -> None:

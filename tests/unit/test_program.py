@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from import_walk import imports, module_files
 
 from canzona.config import load_config
 from canzona.plan import loads
@@ -20,6 +21,7 @@ from canzona.program.lower import lower, resolve_impl
 from canzona.program.render import render_program
 
 REPO = Path(__file__).resolve().parents[2]
+PACKAGE = module_files("canzona")  # module name -> file
 METHODS = ["canzona", "sync", "layerwise", "adamw"]
 SMALL = ["model=qwen3-8b", "model.width_div=32", "model.num_layers=2", "bucket.size=20000"]
 
@@ -177,35 +179,14 @@ def test_interpreters_read_no_plan_modes(path: Path) -> None:
 
 
 def _imports(path: Path) -> set[str]:
-    """Modules a file imports at run time (anywhere in it; ``if TYPE_CHECKING:`` blocks excepted)."""
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
-                   for stmt in node.body for n in ast.walk(stmt)}
-    mods = set()
-    for n in ast.walk(tree):
-        if id(n) in typing_only:
-            continue
-        if isinstance(n, ast.ImportFrom) and n.module:
-            mods.add(n.module)
-            mods.update(f"{n.module}.{a.name}" for a in n.names)  # "from pkg import module"
-        elif isinstance(n, ast.Import):
-            mods.update(a.name for a in n.names)
-    return mods
+    """Modules a file imports at run time (anywhere in it; ``if TYPE_CHECKING:`` blocks excepted),
+    from the one import walk (`import_walk`): ``from pkg import y`` is ``pkg.y`` when y is a module
+    of the package, else ``pkg``."""
+    return {i.module for i in imports(path, set(PACKAGE), packages=None) if not i.typing}
 
 
 def test_no_import_cycles_inside_the_package() -> None:
-    pkgs = ("canzona",)
-    graph: dict[str, set[str]] = {}
-    for base in pkgs:
-        for f in (REPO / base).rglob("*.py"):
-            mod = ".".join(f.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
-            graph[mod] = {m for m in _imports(f) if m.split(".")[0] in pkgs}
-    # "from pkg import y": an edge to pkg.y when y is a module, else to pkg
-    for mod, deps in graph.items():
-        submodules = {d for d in deps if d in graph and d.rsplit(".", 1)[0] in deps}
-        parents_via_submodule = {d.rsplit(".", 1)[0] for d in submodules}
-        graph[mod] = {d for d in deps if d in graph and d not in parents_via_submodule} | submodules
+    graph = {mod: {m for m in _imports(f) if m in PACKAGE} for mod, f in PACKAGE.items()}
 
     def cycle_from(start: str) -> list[str] | None:
         stack, seen = [(start, [start])], set()
