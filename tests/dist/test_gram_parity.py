@@ -4,7 +4,8 @@
 Setting: test_parity.py's step parity (the same gradients on a 2^-12 grid, each DP rank its own,
 the reference their DP mean; a float64 gradient norm, so clipping is exact), 3 steps, fp32
 Newton–Schulz, at TP 2 and DP 2 × TP 2, with the fused matrices whole and split
-(``model.split_fused``).
+(``model.split_fused``), and paired with the DP strategy ``balanced`` (the bit-exact pairs of
+test_parity.py leave this TP strategy out).
 
 What is exact and what is not. Everything but Newton–Schulz is the same arithmetic as the
 reference's: the gradient reduction (sums of grid values are exact in any order), the clipping,
@@ -35,7 +36,8 @@ pytestmark = pytest.mark.slow
 
 STEP_MODEL = ["model=qwen3-8b", "model.width_div=32", "model.num_layers=2", "train.seed=7", "train.dtype=fp32",
               "optimizer.clip_norm_dtype=float64", "method=layerwise_sharded_gram", "optimizer=muon"]
-VARIANTS = {"whole": [], "split_fused": ["model.split_fused=true"]}
+# the preset, its fused matrices split, and under another DP strategy (uneven shards, Canzona's owners)
+VARIANTS = {"whole": [], "split_fused": ["model.split_fused=true"], "balanced": ["method.dp=balanced"]}
 STEPS = 3
 ACCURACY_FACTOR = 4.0  # as accurate as the fp32 single-process path against float64 (docstring)
 

@@ -143,3 +143,16 @@ def test_simulator_prices_the_shards_compute_and_every_all_reduce() -> None:
     shares = [muon_gram_share([s], p.tp_dim, 2) for p in plan.params if p.kind == "matrix" for _, s in p.matrices]
     assert len(shares) == 4
     assert res["optimizer_step_ms"] == pytest.approx(sum(shares) + 4 * 6 * 0.1 + 0.1, rel=1e-6)
+
+
+def test_the_dp_side_is_layerwise_shardeds() -> None:
+    """Megatron's TP mode does not change its layer-wise layout: the preset's buckets, shards and
+    owners are `layerwise_sharded`'s (whose owners tests/unit/test_mirror_owners.py checks against
+    megatron-core 0.19.2's code); only the TP mode differs."""
+    over = ["model=qwen3-8b", "model.width_div=16", "model.num_layers=4", "parallel.dp=4", "parallel.tp=2",
+            "bucket.size=3000000"]
+    dup, gram = (make_plan(load_config([*over, f"method={m}"]), device="cpu", cost_model=NumelCost())
+                 for m in ("layerwise_sharded", "layerwise_sharded_gram"))
+    assert (gram.layout, gram.shard_ranges, gram.dp_owner) == (dup.layout, dup.shard_ranges, dup.dp_owner)
+    assert (dup.tp_mode, gram.tp_mode) == ("duplicated", "gram")
+    assert all(o is None for o in gram.tp_owner) and not any(gram.micro_groups)
