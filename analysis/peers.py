@@ -31,7 +31,8 @@ from canzona.peers import PEERS
 PARITY: dict[tuple[str, str | None], str] = {
     ("megatron_layerwise", "duplicated"): "bit for bit at fp32 Newton–Schulz (tests/peers/test_megatron_peer.py)",
     ("megatron_layerwise", "distributed"): "derived tolerance: Gram all-reduces sum in another order "
-                                           "(tests/peers/test_megatron_peer.py)",
+                                           "(tests/peers/test_megatron_peer.py); its mirror's Newton–Schulz "
+                                           "equals it bit for bit at TP 2 (tests/peers/test_gram_mirror.py)",
     ("megatron_layerwise", "blockwise"): "different update (per-shard NS), checked against a per-shard "
                                          "definition (tests/peers/test_megatron_peer.py)",
     ("megatron_zero1", None): "within one bf16 ulp of the harness's AdamW (tests/peers/test_megatron_peer.py)",
@@ -41,6 +42,7 @@ PARITY: dict[tuple[str, str | None], str] = {
 # without one is shown with its ratio to canzona only.
 MIRRORS: dict[tuple[str, str | None], str] = {
     ("megatron_layerwise", "duplicated"): "layerwise_sharded",  # megatron-core 0.19's layout, TP duplicated
+    ("megatron_layerwise", "distributed"): "layerwise_sharded_gram",  # the same layout, TP distributed
     ("megatron_zero1", None): "adamw",  # ZeRO-1 AdamW
 }
 WITHIN = 1.2  # a mirror's step within this factor of its original's (either way) needs no note

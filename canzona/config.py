@@ -368,7 +368,7 @@ def validate(cfg: TrialConfig) -> TrialConfig:
     if m.peer:
         _check_peer(cfg)
         return cfg
-    methods.check(m.dp, m.tp, optimizers.get(cfg.optimizer.name).matrix, cfg.parallel.tp)
+    methods.check(m.dp, m.tp, optimizers.get(cfg.optimizer.name).matrix, cfg.parallel.tp, cfg.optimizer.name)
     if cfg.sequence_parallel and cfg.train.seq_len % cfg.parallel.tp:
         raise ConfigError(f"parallel.sequence_parallel=true splits the sequence over TP: parallel.tp={cfg.parallel.tp} "
                           f"must divide train.seq_len={cfg.train.seq_len}")

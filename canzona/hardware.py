@@ -76,6 +76,7 @@ import yaml
 from canzona import CHECKOUT
 from canzona.errors import ConfigError
 from canzona.optim import registry
+from canzona.optim.definitions import muon_gram_share
 from canzona.optim.section import OptimizerSection
 
 HARDWARE_DIR = CHECKOUT / "hardware"
@@ -368,6 +369,22 @@ class Hardware:
         for (m, n), c in counts.items():
             overhead, slope = self.matrix_batch(optimizer, m, n, ns_dtype, ns_steps, stacked and c > 1)
             total += overhead + c * slope
+        return total
+
+    def gram_call(self, pieces: Iterable[tuple[tuple[int, int], int]], tp: int, ns_dtype: str = "float32",
+                  ns_steps: int = 5) -> float:
+        """One TP rank's Newton–Schulz of its shards of these matrices, Megatron's ``distributed``
+        way (TP strategy ``gram_allreduce``; each piece: the whole matrix's shape and the dim it
+        is cut along over ``tp``), the collectives aside: per shape the table's call overhead once
+        (as `matrix_call`), plus per matrix its whole update's slope scaled by the shard's share
+        of the flops (`canzona.optim.definitions.muon_gram_flops`: about 1/tp of the products, the
+        Gram's polynomial whole)."""
+        total = 0.0
+        seen: set[tuple[int, int]] = set()
+        for shape, dim in pieces:
+            overhead, slope = self.matrix_batch("muon", *shape, ns_dtype, ns_steps)
+            total += (0.0 if shape in seen else overhead) + slope * muon_gram_share([shape], dim, tp, ns_steps)
+            seen.add(shape)
         return total
 
     # ------------------------------------------------------------------ elementwise work

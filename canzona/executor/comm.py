@@ -347,6 +347,20 @@ class Communicator:
 
         return Pending([w for w, _, _ in pending], fulls, tuple(t for _, o, s in pending for t in (o, s)))
 
+    def summing(self, tag: str, axis: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A blocking sum over the ``axis`` group, recorded under ``tag``: what the optimizer
+        maths is handed to sum partial products over TP (`GramCompute`), so that it needs no
+        process group of its own."""
+        def reduce(t: torch.Tensor) -> torch.Tensor:
+            self._all_reduce(tag, axis, t).wait()
+            return t
+
+        return reduce
+
+    def group_rank(self, axis: str) -> int:
+        """This rank's index in its ``axis`` group."""
+        return dist.get_rank(self.groups[axis])
+
     def tp_partial_reduce(self, grad: torch.Tensor) -> None:
         """A replicated param's partial gradient summed over TP (in its backward hook)."""
         self._all_reduce("backward", "tp", grad).wait()

@@ -34,7 +34,7 @@ from canzona.optim.clip import clip_coefficient, sum_of_squares
 from canzona.optim.owner import ElementwiseUpdates, MatrixUpdates
 from canzona.plan.experts import rank_space
 from canzona.program.actions import (
-    COMM_TYPES,
+    TRANSFER_TYPES,
     Apply,
     Backward,
     ClipScale,
@@ -44,6 +44,7 @@ from canzona.program.actions import (
     Elementwise,
     Forward,
     GradNorm,
+    GramCompute,
     Mark,
     Program,
     Wait,
@@ -299,6 +300,22 @@ class Runtime:
             self.computed.update(a.items)
 
     @torch.no_grad()
+    def _gram_compute(self, a: GramCompute, timer) -> None:
+        """This rank's shards of ``a.items`` orthogonalised with the sums over TP made inside the
+        maths (`MatrixUpdates.shard_directions`, handed a blocking all-reduce recorded under the
+        action's tag); the action's `Wait` hands the shards' updates on."""
+        if a.tag in self.pending:
+            raise RuntimeError(f"action {a.tag!r} issued twice before its wait")
+        buf = self.buffers
+        with timer.phase(a.phase, a.tag):
+            items = list(a.items)
+            dirs = self.matrices.shard_directions(items, [buf.grad_view(i) for i in items], self.steps, a.tp,
+                                                  self.comm.group_rank(a.axis), self.comm.summing(a.tag, a.axis))
+            updates = dict(zip(items, dirs))
+            self.pending[a.tag] = Pending([], lambda: updates)
+            self.computed.update(items)
+
+    @torch.no_grad()
     def _apply(self, a: Apply, timer) -> None:
         with timer.phase(a.phase, a.tag):
             updates = self.results.get(a.source, {})
@@ -343,7 +360,7 @@ class Runtime:
 
     # How the runtime runs each action type (`_do`)
     _RUN = dispatch_table({
-        Forward: _forward, Backward: _backward, COMM_TYPES: _issue_action, Wait: _wait_action, Mark: _mark,
-        Compute: _compute, Apply: _apply, Elementwise: _elementwise, GradNorm: _grad_norm, ClipScale: _clip_scale,
+        Forward: _forward, Backward: _backward, TRANSFER_TYPES: _issue_action, Wait: _wait_action, Mark: _mark,
+        Compute: _compute, GramCompute: _gram_compute, Apply: _apply, Elementwise: _elementwise, GradNorm: _grad_norm, ClipScale: _clip_scale,
         CopyToModel: _copy_to_model,
     })

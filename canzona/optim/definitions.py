@@ -47,6 +47,25 @@ def muon_flops(m: int, n: int, ns_steps: int = 5) -> float:
     return ns_steps * (4.0 * m * m * n + 2.0 * m**3) + 10.0 * m * n
 
 
+def muon_gram_flops(shape: tuple[int, int], tp_dim: int, tp: int, ns_steps: int = 5) -> float:
+    """One TP rank's Newton-Schulz of its shard of an m x n matrix cut along ``tp_dim`` into
+    ``tp`` shards, Megatron's ``distributed`` way (`canzona.optim.newton_schulz.newton_schulz_sharded`):
+    the shard is s x u with u the unsharded side and s = the sharded side / tp. Per step: the
+    partial Gram product (2 s u²), the polynomial of the summed Gram, which every rank computes
+    whole (2 u³), the shard's update (2 s u²): k (4 s u² + 2 u³), plus O(s u) momentum and scaling.
+    """
+    u = shape[1 - tp_dim]
+    s = shape[tp_dim] // tp
+    return ns_steps * (4.0 * s * u * u + 2.0 * u**3) + 10.0 * s * u
+
+
+def muon_gram_share(shapes: list[tuple[int, int]], tp_dim: int, tp: int, ns_steps: int = 5) -> float:
+    """`muon_gram_flops` of one rank's shards of these matrices (a fused matrix's sub-matrices)
+    as a fraction of `muon_flops` of the whole matrices: what one TP rank does of the update."""
+    whole = sum(muon_flops(m, n, ns_steps) for m, n in shapes)
+    return sum(muon_gram_flops(sh, tp_dim, tp, ns_steps) for sh in shapes) / whole if whole else 0.0
+
+
 MUON_OPTIONS = (
     Option("momentum", float, 0.95, "momentum coefficient"),
     Option("nesterov", bool, True, "Nesterov momentum"),
@@ -72,6 +91,7 @@ MUON = OptimizerDef(
     # momentum lerp, Nesterov lerp, normalisation, scale, casts
     elementwise_passes=8.0,
     matmul_dtype=lambda s: s.ns_dtype,
+    tp_sharded=True,  # Newton-Schulz from TP-summed Gram products (`Muon.sharded_directions`)
 )
 
 # ---- Shampoo and SOAP: blocked Kronecker factors (see `canzona.optim.kronecker`) ----

@@ -14,13 +14,14 @@ once, where the default holds one matrix's; a dry run measures it as it runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from canzona.optim.definitions import LR_ADJUSTS
 from canzona.optim.definitions import muon_flops as flops  # noqa: F401  (the cost of one update)
-from canzona.optim.newton_schulz import NS_DTYPES, newton_schulz
+from canzona.optim.newton_schulz import NS_DTYPES, newton_schulz, newton_schulz_sharded
 from canzona.optim.rule import Settings, UpdateRule, check_matrices, equal_shape_groups
 
 
@@ -90,6 +91,21 @@ class Muon(UpdateRule):
         for grad, state in zip(grads, states, strict=True):
             ortho = self._orthogonalise(self._momentum(grad, state))
             out.append(self._scaled(ortho, grad))
+        return out
+
+    def sharded_directions(self, grads: list[Tensor], states: list[dict[str, Tensor]], step: int,
+                           shapes: Sequence[tuple[int, int]], dims: Sequence[int],
+                           reduce: Callable[[Tensor], Tensor]) -> list[Tensor]:
+        """Directions of shards: ``grads[k]`` is one shard, cut along ``dims[k]``, of a matrix of
+        shape ``shapes[k]`` whose other shards are held elsewhere; ``reduce`` sums a tensor over
+        the holders of every shard (`newton_schulz_sharded`). The momentum is elementwise, so it
+        runs on the shard as on the whole; the scale is the whole matrix's."""
+        check_matrices(grads, "Muon")
+        out = []
+        for grad, state, shape, dim in zip(grads, states, shapes, dims, strict=True):
+            ortho = newton_schulz_sharded(self._momentum(grad, state), dim, reduce, self.ns_coefficients,
+                                          self.ns_steps, self.ns_eps, self.ns_dtype)
+            out.append(ortho.to(grad.dtype).mul_(lr_scale(tuple(shape), self.lr_adjust)))
         return out
 
     def _batched_directions(self, grads: list[Tensor], states: list[dict[str, Tensor]]) -> list[Tensor]:

@@ -34,6 +34,8 @@ default path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -75,3 +77,45 @@ def newton_schulz(
         poly = addmm(gram, gram, gram, beta=b, alpha=c)
         X = addmm(X, poly, X, beta=a)
     return X.mT if tall else X
+
+
+def newton_schulz_sharded(
+    x: Tensor,
+    sharded_dim: int,
+    reduce: Callable[[Tensor], Tensor],
+    coefficients: tuple[float, float, float] = MUON_COEFFICIENTS,
+    steps: int = 5,
+    eps: float = 1e-7,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """This shard's part of `newton_schulz` of a matrix cut along ``sharded_dim`` into shards
+    held apart, as Megatron's ``muon_tp_mode="distributed"`` computes it
+    (emerging-optimizers 0.3.0, ``newton_schulz_tp``).
+
+    ``reduce(t)`` sums ``t`` over every shard's copy in place and returns it; whoever holds the
+    shards supplies it (the executor: an all-reduce over the TP group; a test: a sum), so this
+    knows nothing of ranks. The Gram product is taken over the *unsharded* side, so that the
+    shards' partial products sum to the whole matrix's Gram: a row-sharded shard (``sharded_dim``
+    0, column-parallel) is transposed first, a column-sharded one (row-parallel) is not --
+    whichever side is shorter (Megatron's rule: when the unsharded side is the longer one the
+    iteration runs on the long side, equal in exact arithmetic since
+    (X Xᵀ) X = X (Xᵀ X)). Per call: one ``reduce`` of the sum of squares for the Frobenius norm
+    (one element, float32, or ``dtype`` if wider), then one of each step's Gram product
+    (``dtype``, u×u with u the unsharded side). Returns the shard of the orthogonalised
+    matrix, in ``dtype``.
+    """
+    if x.ndim != 2 or sharded_dim not in (0, 1):
+        raise ValueError(f"newton_schulz_sharded takes an (m, n) shard cut along dim 0 or 1, got shape "
+                         f"{tuple(x.shape)} and sharded_dim={sharded_dim}")
+    a, b, c = coefficients
+    X = x.to(dtype)
+    if sharded_dim == 0:
+        X = X.mT
+    # the sum of squares at least in float32 (a bfloat16 iteration's too, as Megatron's)
+    sumsq = reduce(X.to(torch.promote_types(X.dtype, torch.float32)).square().sum().reshape(1))
+    X = X / sumsq.sqrt().clamp(min=eps).to(dtype)
+    for _ in range(steps):
+        gram = reduce(X @ X.mT)
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        X = torch.addmm(X, poly, X, beta=a)
+    return X.mT if sharded_dim == 0 else X

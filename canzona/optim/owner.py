@@ -11,6 +11,8 @@ step on targets of any shape: whole tensors, TP shards, or flat ZeRO-1 slices cu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from canzona.inventory import ParamSpec, SubMatrix
@@ -31,41 +33,81 @@ class MatrixUpdates:
         self.rule: UpdateRule = make_rule(opt, "matrix")
         self.lr = learning_rate(opt, "matrix")
         self.states: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-        self._row_index: dict[str, torch.Tensor] = {}
+        self._row_index: dict[tuple[str, int, int], torch.Tensor] = {}
 
-    def _pieces(self, index: int, full: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    def _pieces(self, index: int, g: torch.Tensor, tp: int = 1,
+                rank: int = 0) -> list[tuple[str, torch.Tensor, tuple[int, ...]]]:
+        """(name, tensor, whole shape) of each matrix the rule sees in ``g``: param ``index``'s
+        gradient, or the ``rank``-th of its ``tp`` TP shards (a fused matrix's sub-matrices: its
+        rows of each, cut along dim 0)."""
         spec = self.specs[index]
         if not spec.subs:
-            return [(spec.name, full)]
-        return [(s.name, full[self._rows_of(s, full.device)]) for s in spec.subs]
+            return [(spec.name, g, spec.shape)]
+        if tp > 1 and spec.tp_dim != 0:
+            raise ValueError(f"{spec.name}: sub-matrices of a matrix cut along dim {spec.tp_dim}")
+        return [(s.name, g[self._rows_of(spec, s, g.device, tp, rank)], s.shape) for s in spec.subs]
 
-    def _rows_of(self, sub: SubMatrix, device: torch.device) -> torch.Tensor:
-        if sub.name not in self._row_index:
-            self._row_index[sub.name] = torch.tensor(_rows(sub), dtype=torch.long, device=device)
-        return self._row_index[sub.name]
+    def _rows_of(self, spec: ParamSpec, sub: SubMatrix, device: torch.device, tp: int = 1,
+                 rank: int = 0) -> torch.Tensor:
+        """The rows of ``sub`` the ``rank``-th of ``tp`` row shards of ``spec`` holds (tp 1: the
+        whole matrix), as indices into it, in the sub-matrix's order."""
+        key = (sub.name, tp, rank)
+        if key not in self._row_index:
+            n = spec.shape[0] // tp
+            lo = rank * n
+            self._row_index[key] = torch.tensor([r - lo for r in _rows(sub) if lo <= r < lo + n],
+                                                dtype=torch.long, device=device)
+        return self._row_index[key]
 
-    def directions(self, indices: list[int], full_grads: list[torch.Tensor], step: int) -> list[torch.Tensor]:
-        keys, grads = [], []
-        for i, g in zip(indices, full_grads):
-            for name, piece in self._pieces(i, g):
+    def _split(self, indices: list[int], grads: list[torch.Tensor], tp: int = 1, rank: int = 0):
+        """The rule's inputs: state keys, contiguous matrices and their whole shapes."""
+        keys, pieces, shapes = [], [], []
+        for i, g in zip(indices, grads):
+            for name, piece, shape in self._pieces(i, g, tp, rank):
                 keys.append((i, name))
-                grads.append(piece.contiguous())
-        states = [self._state(k, g) for k, g in zip(keys, grads)]
-        dirs = self.rule.directions(grads, states, step) if grads else []
+                pieces.append(piece.contiguous())
+                shapes.append(shape)
+        return keys, pieces, shapes
+
+    def _join(self, indices: list[int], grads: list[torch.Tensor], dirs: list[torch.Tensor], tp: int = 1,
+              rank: int = 0) -> list[torch.Tensor]:
+        """The rule's directions put back into each param's (or shard's) shape."""
         out: list[torch.Tensor] = []
         k = 0
-        for i, g in zip(indices, full_grads):
+        for i, g in zip(indices, grads):
             spec = self.specs[i]
             if not spec.subs:
                 out.append(dirs[k])
                 k += 1
                 continue
-            full = torch.empty_like(g)
+            whole = torch.empty_like(g)
             for s in spec.subs:
-                full[self._rows_of(s, g.device)] = dirs[k]
+                whole[self._rows_of(spec, s, g.device, tp, rank)] = dirs[k]
                 k += 1
-            out.append(full)
+            out.append(whole)
         return out
+
+    def directions(self, indices: list[int], full_grads: list[torch.Tensor], step: int) -> list[torch.Tensor]:
+        keys, grads, _ = self._split(indices, full_grads)
+        states = [self._state(k, g) for k, g in zip(keys, grads)]
+        dirs = self.rule.directions(grads, states, step) if grads else []
+        return self._join(indices, full_grads, dirs)
+
+    def shard_directions(self, indices: list[int], local_grads: list[torch.Tensor], step: int, tp: int, rank: int,
+                         reduce: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+        """Updates of the ``rank``-th of ``tp`` shards of matrices (each cut along its spec's
+        ``tp_dim``), whose other shards are held elsewhere: ``reduce`` sums a tensor over the
+        holders of all of them (`UpdateRule.sharded_directions`). A fused matrix's sub-matrices
+        are its local rows of each (``split_fused``: they are cut along dim 0). The state is kept
+        per (param, sub-matrix) in the shard's shape."""
+        for i in indices:
+            if self.specs[i].tp_dim is None:
+                raise ValueError(f"{self.specs[i].name} is not split over TP")
+        keys, grads, shapes = self._split(indices, local_grads, tp, rank)
+        dims = [self.specs[i].tp_dim for i, _ in keys]
+        states = [self._state(k, g) for k, g in zip(keys, grads)]
+        dirs = self.rule.sharded_directions(grads, states, step, shapes, dims, reduce) if grads else []
+        return self._join(indices, local_grads, dirs, tp, rank)
 
     def _state(self, key: tuple[int, str], grad: torch.Tensor) -> dict[str, torch.Tensor]:
         if key not in self.states:

@@ -13,7 +13,7 @@ it and the registry (`canzona.optim.registry`) can name them: the import graph s
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -51,6 +51,15 @@ class UpdateRule(ABC):
         opt-in batched path (Muon's ``batch_equal_shapes``) keeps the state bit for bit and the
         direction to a stated tolerance only.
         """
+
+    def sharded_directions(self, grads: list[Tensor], states: list[dict[str, Tensor]], step: int,
+                           shapes: Sequence[tuple[int, int]], dims: Sequence[int],
+                           reduce: Callable[[Tensor], Tensor]) -> list[Tensor]:
+        """Directions of *shards* of matrices (``grads[k]``: a shard cut along ``dims[k]`` of a
+        matrix of ``shapes[k]``), given ``reduce``, which sums a tensor over the holders of all
+        the shards. Only a rule whose update is built from such sums can (Muon: its Gram
+        products and norm, `OptimizerDef.tp_sharded`); the others need the whole matrix."""
+        raise NotImplementedError(f"{type(self).__name__} cannot update a matrix from its shards")
 
     def step(
         self,

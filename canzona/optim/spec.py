@@ -94,6 +94,9 @@ class OptimizerDef:
       one matrix at a time (a call over c matrices costs c single updates plus call overhead).
     - ``elementwise_passes``: fp32 passes over the matrix besides the matmuls (memory-bound).
     - ``matmul_dtype(settings)``: the dtype its matmuls run in (Newton-Schulz may be bf16).
+    - ``tp_sharded``: its rule can update a TP shard of a matrix from sums over the TP group
+      (`UpdateRule.sharded_directions`: Muon's Gram products and norm), which the TP strategy
+      ``gram_allreduce`` needs.
     """
 
     name: str
@@ -107,6 +110,7 @@ class OptimizerDef:
     kernels: Callable[[Shape, Settings], list[Shape]] = _whole
     elementwise_passes: float = 0.0
     matmul_dtype: Callable[[Settings], str] = _float32
+    tp_sharded: bool = False
 
     def make_rule(self, settings: Settings) -> UpdateRule:
         """The `UpdateRule` for ``settings`` (importing the rule's module if ``rule`` is a path)."""

@@ -74,7 +74,8 @@ def execution(cfg: TrialConfig, device: str) -> Execution:
     return Execution(dp_collective=cfg.dist.dp_collective, overlap_grad_reduce=cfg.dist.overlap_grad_reduce,
                      pipeline_depth=cfg.planner.pipeline_depth, dtype=dtype, dtype_reason=why,
                      overlap_param_gather=cfg.dist.overlap_param_gather, clip_grad=cfg.optimizer.clip_grad,
-                     device=device, grad_accum=cfg.train.grad_accum, clip_norm_dtype=cfg.optimizer.clip_norm_dtype)
+                     device=device, grad_accum=cfg.train.grad_accum, clip_norm_dtype=cfg.optimizer.clip_norm_dtype,
+                     ns_dtype=cfg.optimizer.ns_dtype, ns_steps=cfg.optimizer.ns_steps)
 
 
 # ------------------------------------------------------------------------------- the inventory

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from canzona.errors import ConfigError
+from canzona.optim import registry as optimizers
 from canzona.peers import PEERS
 from canzona.plan.strategies import (
     async_,
@@ -24,6 +25,7 @@ from canzona.plan.strategies import (
     balanced,
     ddp,
     duplicated,
+    gram_allreduce,
     layerwise,
     layerwise_sharded,
     layerwise_sharded_ns,
@@ -36,7 +38,9 @@ from canzona.plan.types import DpStrategy, TpStrategy
 DP_STRATEGIES: dict[str, DpStrategy] = {  # type: ignore[misc]
     m.NAME: m for m in (ddp, zero1_atomic, balanced, layerwise, zero1, layerwise_sharded, layerwise_sharded_ns)
 }
-TP_STRATEGIES: dict[str, TpStrategy] = {m.NAME: m for m in (duplicated, async_, async_balanced, local)}  # type: ignore[misc]
+TP_STRATEGIES: dict[str, TpStrategy] = {  # type: ignore[misc]
+    m.NAME: m for m in (duplicated, async_, async_balanced, gram_allreduce, local)
+}
 
 
 class Preset(NamedTuple):
@@ -55,9 +59,13 @@ PRESETS: dict[str, Preset] = {
                                 "megatron-core 0.19's layer-wise optimizer: shard-aligned buckets, LPT on numel per bucket"),
     "layerwise_sharded_ns": Preset("layerwise_sharded_ns", "duplicated",
                                    "Megatron-LM main's layer-wise optimizer: shard-aligned buckets, Newton-Schulz-cost deal"),
+    "layerwise_sharded_gram": Preset("layerwise_sharded", "gram_allreduce",
+                                     "megatron-core 0.19's layer-wise Muon, muon_tp_mode=distributed: each TP rank "
+                                     "orthogonalises its shard, Gram products all-reduced over TP"),
 }
 # Presets in the order tables list them (the reference last).
-METHOD_ORDER = ("canzona", "atomic", "sync", "layerwise", "layerwise_sharded", "layerwise_sharded_ns", "adamw")
+METHOD_ORDER = ("canzona", "atomic", "sync", "layerwise", "layerwise_sharded", "layerwise_sharded_ns",
+                "layerwise_sharded_gram", "adamw")
 # The authors' ladder, from the fully synchronous run to Canzona, one feature added per rung:
 # (rung, the rung it adds to, the feature). Both orders of the two balances are on it.
 LADDER = (
@@ -117,7 +125,7 @@ def method_rank(method: str) -> tuple[int, int, str]:
 
 
 # Megatron's layer-wise optimizers, oldest first (0.16, 0.19, main): ranked after the other pairs.
-_LAYERWISE = ("layerwise", "layerwise_sharded", "layerwise_sharded_ns")
+_LAYERWISE = ("layerwise", "layerwise_sharded", "layerwise_sharded_ns", "layerwise_sharded_gram")
 
 
 def elementwise_only(dp_strategy: str) -> bool:
@@ -145,9 +153,11 @@ def resolve(name: str | None, dp_strategy: str | None, tp_strategy: str | None) 
     return (found if found in PRESETS else None), dp_strategy, tp_strategy
 
 
-def check(dp_strategy: str, tp_strategy: str, matrix_optimizer: bool, tp_size: int) -> None:
+def check(dp_strategy: str, tp_strategy: str, matrix_optimizer: bool, tp_size: int, optimizer: str | None = None) -> None:
     """Refuse, in one line, the pairs that cannot run: an elementwise-only DP strategy with a TP
-    strategy that gathers matrices, and shard-local TP under a matrix optimizer at TP > 1."""
+    strategy that gathers matrices, shard-local TP under a matrix optimizer at TP > 1, and
+    Newton–Schulz on TP shards (``gram``) under a matrix ``optimizer`` that needs whole matrices
+    (`canzona.optim.spec.OptimizerDef.tp_sharded`; not checked when ``optimizer`` is None)."""
     if elementwise_only(dp_strategy) and tp_strategy != "local":
         raise ConfigError(f"method.dp={dp_strategy} updates equal shards elementwise, so TP has no matrices to gather: "
                           f"method.tp={tp_strategy} is not allowed with it; use method.tp=local")
@@ -155,3 +165,8 @@ def check(dp_strategy: str, tp_strategy: str, matrix_optimizer: bool, tp_size: i
         raise ConfigError(f"method.tp=local updates each TP shard on its own, which a matrix optimizer cannot do at "
                           f"parallel.tp={tp_size}; choose method.tp=duplicated, async or async_balanced "
                           f"(or optimizer.name=adamw)")
+    if (TP_STRATEGIES[tp_strategy].MODE == "gram" and matrix_optimizer and optimizer is not None
+            and not optimizers.get(optimizer).tp_sharded):
+        raise ConfigError(f"method.tp={tp_strategy} runs Newton-Schulz on each TP shard through all-reduced Gram products, which "
+                          f"only Muon's update is built from; optimizer.name={optimizer} needs whole matrices: choose "
+                          f"method.tp=duplicated, async or async_balanced")

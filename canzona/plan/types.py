@@ -16,8 +16,9 @@ GradReduce = Literal["reduce_scatter", "all_reduce"]
 # whole owned params (layer-wise), or nothing (every rank computed everything).
 ParamSync = Literal["shards", "owned_params", "none"]
 # How TP-sharded matrices are updated: the micro-group pipeline (one owner per matrix),
-# all-gather + redundant compute on every TP rank, or shard-local (elementwise rules).
-TpMode = Literal["pipeline", "duplicated", "local"]
+# all-gather + redundant compute on every TP rank, each TP rank on its shard with Newton–Schulz's
+# Gram products all-reduced over TP (Megatron's `distributed` Muon), or shard-local (elementwise rules).
+TpMode = Literal["pipeline", "duplicated", "gram", "local"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Execution:
     device: str  # the device kind the plan runs on (cpu | cuda)
     grad_accum: int  # micro-batches (forward + backward) per iteration
     clip_norm_dtype: str  # the norm's accumulation: float32 (Megatron) or float64 (exact)
+    ns_dtype: str  # Muon's Newton–Schulz dtype: that of the Gram all-reduces of TP mode ``gram``
+    ns_steps: int  # Muon's Newton–Schulz steps: one Gram all-reduce each under TP mode ``gram``
 
 
 class _Sized:
@@ -121,7 +124,7 @@ class TpStrategy(Protocol):
 
     NAME: str
     RUNG: str | None
-    MODE: TpMode  # pipeline: micro-groups with one owner per matrix; duplicated; local
+    MODE: TpMode  # pipeline: micro-groups with one owner per matrix; duplicated; gram; local
 
     def groups(self, items: list[int], inputs: PlanInputs, hint: dict[int, int] | None) -> list[MicroGroup]:
         """One DP rank's micro-groups of ``items`` (its TP-sharded matrices, inventory order);
@@ -149,7 +152,7 @@ class Plan(_Sized):
     # (sync) or it is split elementwise over the shards (adamw).
     dp_owner: tuple[int | None, ...]
     # inventory index -> TP rank computing the full update; None: every TP rank (duplicated,
-    # replicated params, or shard-local elementwise updates).
+    # gram, replicated params, or shard-local elementwise updates).
     tp_owner: tuple[int | None, ...]
     # Per DP rank, the micro-groups its TP group runs (empty unless tp_mode == "pipeline").
     micro_groups: tuple[tuple[MicroGroup, ...], ...]

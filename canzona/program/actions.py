@@ -382,8 +382,45 @@ class NormReduce:
     finish_elems = 0
 
 
-Comm = BucketReduce | BucketGather | OwnedParamsGather | TpGather | TpScatter | TpAllGather | NormReduce
-COMM_TYPES = (BucketReduce, BucketGather, OwnedParamsGather, TpGather, TpScatter, TpAllGather, NormReduce)
+@dataclass(frozen=True)
+class GramCompute:
+    """TP mode ``gram`` (Megatron's ``distributed`` Muon): this rank's shard of each of ``items``
+    orthogonalised with Newton–Schulz whose sums run over ``axis``: per matrix (per sub-matrix
+    of a split fused one) one all-reduce of the shard's sum of squares (float32, one element),
+    then per step one of the partial Gram product (``dtype``, u² elements, u the unsharded
+    side: ``grams``). The collectives sit inside the compute, each blocking, so the action is
+    issued as one and its `Wait` holds the shards' updates. ``grams``: per matrix of ``items``,
+    the Gram side of each of its sub-matrices (one entry for a matrix optimised whole); ``tp``:
+    the size of the ``axis`` group, over which each matrix is cut (every member runs the same
+    action on its own shard)."""
+
+    tag: str
+    items: tuple[int, ...]
+    grams: tuple[tuple[int, ...], ...]
+    steps: int
+    tp: int
+    dtype: str
+    phase: str = "compute"
+    axis: Axis = "tp"  # "etp": an expert matrix, over its expert-TP group
+
+    @_memo
+    def calls(self) -> tuple[Call, ...]:
+        out: list[Call] = []
+        for sides in self.grams:
+            for u in sides:
+                out.append(_call("all_reduce", self.axis, 1, 1, "float32"))
+                out.extend([_call("all_reduce", self.axis, u * u, u * u, self.dtype)] * self.steps)
+        return tuple(out)
+
+    pack_elems = 0
+    finish_elems = 0
+
+
+# The communication actions that only move data, and every action that makes calls (those and
+# `GramCompute`, whose calls sit inside its compute).
+TRANSFER_TYPES = (BucketReduce, BucketGather, OwnedParamsGather, TpGather, TpScatter, TpAllGather, NormReduce)
+Comm = BucketReduce | BucketGather | OwnedParamsGather | TpGather | TpScatter | TpAllGather | NormReduce | GramCompute
+COMM_TYPES = (*TRANSFER_TYPES, GramCompute)
 _COMM_KINDS: dict[type, bool] = {}
 
 

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from canzona.layout import RankLayout
+from canzona.optim.definitions import muon_gram_share
 from canzona.plan.critical_path import lower_bound
 from canzona.plan.experts import RankSpace, rank_space
 from canzona.program.actions import (
-    COMM_TYPES,
     DTYPE_BYTES,
+    TRANSFER_TYPES,
     Apply,
     Backward,
     ClipScale,
@@ -33,6 +34,7 @@ from canzona.program.actions import (
     Elementwise,
     Forward,
     GradNorm,
+    GramCompute,
     Mark,
     Program,
     Wait,
@@ -146,6 +148,15 @@ class _Counter:
         cost, params = self.slots.cost, self.slots.params
         return ((sum(cost[i] for i in a.items), sum(params[i].numel for i in a.items)),), ()
 
+    def _gram(self, a: GramCompute) -> Counts:
+        """A TP shard's Newton–Schulz: its share of each matrix's cost (`muon_gram_share`: about
+        1/TP, the Gram's polynomial whole on every rank), the shard's state, and the
+        all-reduces inside."""
+        cost, params = self.slots.cost, self.slots.params
+        work = tuple((cost[i] * muon_gram_share([s for _, s in params[i].matrices], params[i].tp_dim, a.tp, a.steps),
+                      params[i].numel // a.tp) for i in a.items)
+        return work, _wire_bytes(a, self.sizes)
+
     def _elementwise(self, a: Elementwise) -> Counts:
         cost, params = self.slots.cost, self.slots.params
         return tuple((cost[i] * n / params[i].numel, n) for lo, hi in a.ranges for i, n in self.slots.overlaps(lo, hi)), ()
@@ -155,7 +166,8 @@ class _Counter:
         return (), ()
 
     _COUNT = dispatch_table({
-        Forward: _forward, Backward: _backward, COMM_TYPES: _comm, Compute: _compute, Elementwise: _elementwise,
+        Forward: _forward, Backward: _backward, TRANSFER_TYPES: _comm, Compute: _compute, GramCompute: _gram,
+        Elementwise: _elementwise,
         (Wait, Mark, Apply, GradNorm, ClipScale, CopyToModel): _nothing,
     })
 

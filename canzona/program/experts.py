@@ -42,6 +42,7 @@ from canzona.program.actions import (
     Forward,
     GatherWait,
     GradNorm,
+    GramCompute,
     Mark,
     NormReduce,
     OwnedParamsGather,
@@ -94,7 +95,7 @@ class _Shift:
             return replace(a, tag=TAG + a.tag, bucket=a.bucket + self.b, ranges=self.ranges(a.ranges), axis="edp")
         if kind is OwnedParamsGather:
             return replace(a, tag=TAG + a.tag, owned=tuple(self.items(o) for o in a.owned), axis="edp")
-        if kind is TpGather or kind is TpAllGather:
+        if kind is TpGather or kind is TpAllGather or kind is GramCompute:
             return replace(a, tag=TAG + a.tag, items=self.items(a.items), axis="etp")
         if kind is TpScatter:
             return replace(a, tag=TAG + a.tag, source=TAG + a.source, items=self.items(a.items), axis="etp")

@@ -46,6 +46,7 @@ from canzona.program.actions import (
     Forward,
     GatherWait,
     GradNorm,
+    GramCompute,
     Mark,
     NormReduce,
     OwnedParamsGather,
@@ -225,7 +226,7 @@ class _Lowering:
         for a in step:
             if isinstance(a, Elementwise):
                 out.extend(a.ranges)
-            elif isinstance(a, (Compute, TpGather, TpAllGather)):
+            elif isinstance(a, (Compute, TpGather, TpAllGather, GramCompute)):
                 out.extend((self.slots[i].start, self.slots[i].end) for i in a.items)
         return merge(out)
 
@@ -347,9 +348,11 @@ class _Lowering:
             i for i in range(len(plan.params))
             if self.matrix[i] and plan.dp_owner[i] in (None, d) and i not in piped
         ]
-        dup = [i for i in local if plan.tp_mode == "duplicated" and plan.params[i].tp_dim is not None]
-        dup_set = set(dup)
-        whole = tuple(i for i in local if i not in dup_set)
+        split = [i for i in local if plan.params[i].tp_dim is not None]
+        dup = split if plan.tp_mode == "duplicated" else []
+        gram = split if plan.tp_mode == "gram" else []
+        not_whole = set(dup) | set(gram)
+        whole = tuple(i for i in local if i not in not_whole)
         if whole:
             out.append(Compute("compute", whole, None))
             out.append(Apply("apply", whole, "compute", ()))
@@ -361,7 +364,19 @@ class _Lowering:
             out += [gather, Wait((gather.tag,), "gather", f"all-gather TP p{i}")]
             out.append(Compute(f"compute p{i}", (i,), gather.tag))
             out.append(Apply(f"apply p{i}", (i,), f"compute p{i}", (i,)))
+        for i in gram:
+            out.extend(self._gram_step(i))
         return out
+
+    def _gram_step(self, i: int) -> list[Action]:
+        """Megatron's `distributed` Muon on matrix i (`GramCompute`): this TP rank's shard
+        orthogonalised with the Gram products and the norm all-reduced over TP, then applied."""
+        spec = self.plan.params[i]
+        sides = tuple(shape[1 - spec.tp_dim] for _, shape in spec.matrices)
+        tag = f"gram p{i}"
+        return [GramCompute(tag, (i,), (sides,), self.ex.ns_steps, self.tp, self.ex.ns_dtype),
+                Wait((tag,), "compute", f"Newton-Schulz p{i}, Gram all-reduced over TP"),
+                Apply(f"apply p{i}", (i,), tag)]
 
     def pipeline(self, d: int, t: int, fill: Sequence[Action] = ()) -> list[Action]:
         """Canzona's micro-group pipeline, unrolled: gathers of ``depth`` groups ahead are in

@@ -7,8 +7,8 @@ from typing import Any
 
 from canzona.plan.experts import rank_space
 from canzona.program.actions import (
-    COMM_TYPES,
     DTYPE_BYTES,
+    TRANSFER_TYPES,
     Apply,
     Backward,
     ClipScale,
@@ -17,6 +17,7 @@ from canzona.program.actions import (
     Elementwise,
     Forward,
     GradNorm,
+    GramCompute,
     Mark,
     Program,
     Wait,
@@ -72,6 +73,14 @@ def _compute(a: Compute, params, program: Program) -> str:
     return f"compute {a.tag:<21} {len(a.items)} matrices{src}: {_items(params, a.items)}"
 
 
+def _gram(a: GramCompute, params, program: Program) -> str:
+    calls = a.calls()
+    grams = sorted({u for sides in a.grams for u in sides})
+    return (f"gram   {a.tag:<22} {len(a.items)} matrices, this TP shard's Newton-Schulz: {_items(params, a.items)}; "
+            f"{len(calls)}x all_reduce over {a.axis} inside (per matrix the norm, then {a.steps} Gram products "
+            f"{'/'.join(f'{u}x{u}' for u in grams)} {a.dtype}: {_mb(sum(c.in_elems for c in calls), a.dtype)})")
+
+
 def _apply(a: Apply, params, program: Program) -> str:
     cut = f", {len(a.slice_tp)} cut to this TP shard" if a.slice_tp else ""
     return f"apply  {a.tag:<22} {len(a.items)} params from {a.source}{cut}"
@@ -101,8 +110,8 @@ def _mark(a: Mark, params, program: Program) -> str:
 
 # One action's text (a backward's spans lines) from the action, the rank's params and its program
 _RENDER: dict[type, Callable[[Any, list, Program], str]] = dispatch_table({
-    Forward: _forward, Backward: _backward, COMM_TYPES: lambda a, params, program: _comm(a), Wait: _wait,
-    Compute: _compute, Apply: _apply, Elementwise: _elementwise, GradNorm: _grad_norm, ClipScale: _clip_scale,
+    Forward: _forward, Backward: _backward, TRANSFER_TYPES: lambda a, params, program: _comm(a), Wait: _wait,
+    Compute: _compute, GramCompute: _gram, Apply: _apply, Elementwise: _elementwise, GradNorm: _grad_norm, ClipScale: _clip_scale,
     CopyToModel: _copy_to_model, Mark: _mark,
 })
 

@@ -39,8 +39,8 @@ from canzona.hardware import Hardware
 from canzona.layout import RankLayout
 from canzona.plan.experts import rank_space
 from canzona.program.actions import (
-    COMM_TYPES,
     DTYPE_BYTES,
+    TRANSFER_TYPES,
     Apply,
     Backward,
     ClipScale,
@@ -49,6 +49,7 @@ from canzona.program.actions import (
     Elementwise,
     Forward,
     GradNorm,
+    GramCompute,
     Mark,
     Program,
     Wait,
@@ -145,12 +146,14 @@ class ProgramSim:
         gid, members = self._group(calls[0].axis, r)
         self._issued(r, (gid, comm.tag, self.it), calls, members, calls[0].axis)
 
-    def _issued(self, r: int, key: tuple, calls, members: Sequence[int], axis: str) -> None:
-        """Rank r has issued its calls of collective ``key``; the last member to issue resolves it."""
+    def _issued(self, r: int, key: tuple, calls, members: Sequence[int], axis: str, inside_s: float = 0.0) -> None:
+        """Rank r has issued its calls of collective ``key``; the last member to issue resolves it.
+        ``inside_s``: the rank's compute between the calls (`GramCompute`), run in lockstep with
+        the group's, so the collective lasts the slowest member's compute more."""
         slot = self.pending.get(key)
         if slot is None:
             slot = self.pending[key] = {}
-        slot[r] = (self.tl.cpu[r], calls)
+        slot[r] = (self.tl.cpu[r], calls, inside_s)
         if len(slot) == len(members):
             self._resolve(key, members, self.pending.pop(key), axis)
 
@@ -186,6 +189,7 @@ class ProgramSim:
     def _resolve(self, key: tuple, members: list[int], slot: dict[int, tuple[float, Any]], axis: str) -> None:
         per_member = [slot[r][1] for r in members]
         seconds, transfer = self._seconds(per_member, members, self._level(key[0], members))
+        seconds += max(slot[r][2] for r in members)
         self.handles[key] = self.tl.collective(members, axis, seconds, key[1], transfer,
                                                issued=[slot[r][0] for r in members])
 
@@ -277,11 +281,12 @@ class ProgramSim:
                                 tl.host(r, finish_s * factor[r])
                         tl.close(r, start, phase, label)
                     elif code == _ISSUE:
-                        _, calls, gid, members, axis, pack_s, phase, tag = op
+                        _, calls, gid, members, axis, pack_s, phase, tag, inside_s = op
                         start = tl.open(r)
                         if pack_s is not None:  # packing the send buffer
                             tl.host(r, pack_s * factor[r])
-                        self._issued(r, (gid, tag, it), calls, members, axis)
+                        self._issued(r, (gid, tag, it), calls, members, axis,
+                                     inside_s * factor[r] * tl.scale if inside_s else 0.0)
                         tl.close(r, start, phase, tag)
                     elif code == _HOST:
                         _, seconds, phase, tag = op
@@ -348,7 +353,21 @@ class ProgramSim:
             return (_HOST, None, a.phase, a.tag), True
         gid, members = self._group(calls[0].axis, r)
         pack = self.hw.copy(a.pack_elems * DTYPE_BYTES[calls[0].dtype]) if a.pack_elems else None
-        return (_ISSUE, calls, gid, members, calls[0].axis, pack, a.phase, a.tag), False
+        return (_ISSUE, calls, gid, members, calls[0].axis, pack, a.phase, a.tag, 0.0), False
+
+    def _gram_op(self, a: GramCompute, r: int) -> tuple[tuple, bool]:
+        """Issued as a collective whose length is its calls' plus the rank's Newton–Schulz of
+        its shards (`Hardware.gram_call`): each of its blocking all-reduces waits for every TP
+        rank's step, and every member computes the same shapes, so in lockstep the compute and
+        the all-reduces add. The host is then blocked in the action's `Wait`."""
+        op, _ = self._issue_op(a, r)
+        space = self._space(r)
+        params = space.params
+        inside = self._host_s.get(("gram", a.items, space.ep_rank))
+        if inside is None:
+            inside = self._host_s[("gram", a.items, space.ep_rank)] = self.hw.gram_call(
+                [(shape, params[i].tp_dim) for i in a.items for _, shape in params[i].matrices], a.tp, *self.ns)
+        return (*op[:-1], inside), False
 
     def _host_op(self, a, key: tuple, seconds: Callable[[], float]) -> tuple[tuple, bool]:
         """Host seconds of a rank's own work after backward: the same for every rank doing the
@@ -384,7 +403,7 @@ class ProgramSim:
             4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges)))
 
     _COMPILE = dispatch_table({
-        (Forward, Backward): _lockstep_op, Wait: _wait_op, Mark: _mark_op, COMM_TYPES: _issue_op,
+        (Forward, Backward): _lockstep_op, Wait: _wait_op, Mark: _mark_op, TRANSFER_TYPES: _issue_op, GramCompute: _gram_op,
         Compute: _compute_op, Apply: _apply_op, Elementwise: _elementwise_op, (GradNorm, ClipScale): _grad_pass_op,
         CopyToModel: _copy_to_model_op,
     })

@@ -54,7 +54,7 @@ def test_ladder_at_32b_on_256_gpus_fits_projects_and_reports(tmp_path: Path) -> 
     print(dry.stdout[-6000:])
     rungs = _ladder_of(tmp_path / "qwen3_scaling-ablation_projection-dryrun")
     assert set(rungs) == {*LADDER, "1_1-1_0", "1_0-1_1", "layerwise", "layerwise_sharded", "layerwise_sharded_ns",
-                          "adamw"}
+                          "layerwise_sharded_gram", "adamw"}
     sync = rungs.pop("0_0-0_0")["status"]
     assert sync["status"] == "failed" and "would run out of memory" in sync["error"], sync
     for name, r in rungs.items():

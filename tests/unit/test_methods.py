@@ -60,7 +60,8 @@ def test_presets_keep_their_names_and_pairs() -> None:
         "canzona": ("balanced", "async_balanced"), "sync": ("ddp", "duplicated"),
         "layerwise": ("layerwise", "duplicated"), "adamw": ("zero1", "local"), "atomic": ("zero1_atomic", "duplicated"),
         "layerwise_sharded": ("layerwise_sharded", "duplicated"),
-        "layerwise_sharded_ns": ("layerwise_sharded_ns", "duplicated")}
+        "layerwise_sharded_ns": ("layerwise_sharded_ns", "duplicated"),
+        "layerwise_sharded_gram": ("layerwise_sharded", "gram_allreduce")}
     cfg = load_config(["method=atomic", "method.tp=async"])
     assert (cfg.method.name, cfg.method.dp, cfg.method.tp, cfg.method.label) == (None, "zero1_atomic", "async",
                                                                                   "zero1_atomic+async")

@@ -272,7 +272,7 @@ def test_simulate_errors_are_one_line(tmp_path: Path, capsys) -> None:
 
 def test_simulate_dry_run_writes_nothing_and_ignores_local_rank_caps(tmp_path: Path) -> None:
     rc, lines = _run(["sweep=qwen3_scaling", "profile=paper_projection", "list=true", f"results={tmp_path}"])
-    assert rc == 0 and "162 trials, 162 to project" in lines[0] and "sim-h100" in lines[0]
+    assert rc == 0 and "180 trials, 180 to project" in lines[0] and "sim-h100" in lines[0]
     assert not any(tmp_path.iterdir())
 
 
@@ -500,7 +500,7 @@ def test_ladder_projection_reports_every_rung_its_dry_run_and_what_each_feature_
                  for d in rd.iterdir() if (d / "summary.json").is_file()}
     assert set(summaries) == {"sync", "atomic", "zero1_atomic+async", "balanced+async",
                               "zero1_atomic+async_balanced", "canzona", "layerwise", "layerwise_sharded",
-                              "layerwise_sharded_ns", "adamw"}
+                              "layerwise_sharded_ns", "layerwise_sharded_gram", "adamw"}
     dry = tmp_path / "qwen3_scaling-ablation_projection-dryrun"
     for method, (tid, _) in summaries.items():
         if method in ("sync", "atomic"):

@@ -116,7 +116,7 @@ def test_peers_section_rows_ratios_and_notes(built) -> None:
                 noted[far] += 1
     assert noted[True] and noted[False]  # the fixture has mirrors both within and outside 1.2x
     csv = pd.read_csv(index.parent / "peers.csv")
-    assert len(csv) == 9 and set(csv["mirror"].dropna()) == {"layerwise_sharded", "adamw"}
+    assert len(csv) == 9 and set(csv["mirror"].dropna()) == {"layerwise_sharded", "layerwise_sharded_gram", "adamw"}
 
 
 def test_peers_section_says_what_the_shim_changed_and_the_versions(records_gen, built) -> None:
