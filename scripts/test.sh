@@ -13,11 +13,13 @@ bash scripts/setup.sh
 bash scripts/services.sh install
 "$PY" -m ruff check .
 trap 'bash slurm/dev-cluster.sh down >/dev/null 2>&1 || true' EXIT
-# The in-process tests on one worker per core, at most 4 (pytest-xdist), then the multi-process and
-# end-to-end ones one at a time (they start their own ranks and time out if starved of cores):
-# together every test but `paper` and `peers`, as `pytest -m "(slow or not slow) and not paper and
-# not peers"`. The `peers` tests (megatron-core 0.19.2 in an environment of its own, made on first
-# use: about 1.5 min and 5 GB) run in .ci/run beside `paper`, or alone with `pytest -m peers`.
-"$PY" -m pytest -m "not slow and not paper and not peers" -n auto --maxprocesses 4 -p no:cacheprovider "$@"
-"$PY" -m pytest -m "slow and not paper and not peers" -p no:cacheprovider --durations=20 "$@"
+# Every test but `paper` and `peers`, as `pytest -m "(slow or not slow) and not paper and not
+# peers"`, on one worker per core, at most 4 (pytest-xdist; work stealing, so that the few long
+# end-to-end tests do not end up queued behind one worker). The multi-process and end-to-end
+# tests start their own ranks beside another worker's test: their timeouts allow for a machine
+# loaded twice over (a run of the whole slow set on 2 cores under 2 other busy processes passed).
+# The `peers` tests (megatron-core 0.19.2 in an environment of its own, made on first use: about
+# 1.5 min and 5 GB) run in .ci/run beside `paper`, or alone with `pytest -m peers`.
+"$PY" -m pytest -m "(slow or not slow) and not paper and not peers" -n auto --maxprocesses 4 --dist worksteal \
+  -p no:cacheprovider --durations=25 "$@"
 bash slurm/dev-cluster.sh down
