@@ -146,6 +146,17 @@ def speedup_rows(df: pd.DataFrame, pcols: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def behind_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where canzona does not lead: every projected point x baseline (not the adamw reference,
+    whose ratio is an overhead) x metric whose speedup is below 1, slowest first."""
+    out = [{"id": r["id"], "point": r["point"], "variant": r["variant"], "gpus": r["gpus"], "baseline": b,
+            "baseline_variant": c["variant"], "metric": m, "ratio": c["ratio"][m],
+            "canzona_ms": r["canzona"][m], "baseline_ms": c["values"][m]}
+           for r in rows for b, cells in r["cells"].items() if b != "adamw"
+           for c in cells for m in METRICS if c["ratio"][m] < 1]
+    return sorted(out, key=lambda x: x["ratio"])
+
+
 def _first(cells: list[dict[str, Any]] | None, metric: str) -> float:
     return cells[0]["ratio"][metric] if cells else math.nan
 
@@ -378,6 +389,7 @@ def projected_section(sweep: Sweep) -> dict[str, Any]:
         "baselines": baselines_in(b for r in rows for b in r["cells"] if b != "adamw"),
         "rungs": rungs_of(b for r in rows for b in r["cells"]),
         "ladder": ladder_rows(rows),
+        "behind": behind_rows(rows),
         "n_dry_run": len(fits),
         "phases": _phases_at(df, view, pcols),
         "phase_names": list(PHASES),

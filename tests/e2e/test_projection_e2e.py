@@ -10,6 +10,7 @@ No timing is asserted.
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -62,6 +63,13 @@ def test_paper_profile_projection_end_to_end(tmp_path: Path) -> None:
     assert big[0]["param_sync_transfer_ms"] < big[0]["param_sync_ms"]
     peers = page.having("class", **{"class": "peer-wait"})
     assert peers and all(float(e["text"].split()[-1]) > 0 for e in peers)
+    # where canzona does not lead: every ratio below 1 of projected.csv (adamw's is an overhead), listed
+    table = list(csv.DictReader((index.parent / "projected.csv").open()))
+    below = sorted((r["id"], r["baseline"], r["metric"]) for r in table
+                   if r["kind"] == "speedup" and float(r["value"]) < 1)
+    listed = sorted((e["data-behind"], e["data-baseline"], e["data-metric"])
+                    for e in page.having("data-behind") if e["data-behind"] != "none")
+    assert listed == below
 
 
 def test_local_sweep_report_predicts_with_a_quick_calibration(tmp_path: Path, two_trial_sweep) -> None:

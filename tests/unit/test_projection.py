@@ -137,6 +137,15 @@ def test_simulate_sweep_projects_records_and_reports(tmp_path: Path) -> None:
             ratios = page.having("data-proj", **{"data-baseline": b, "data-metric": m})
             assert sorted(float(e["data-value"]) for e in ratios) == pytest.approx(sorted(
                 summaries[(b, w)][m] / summaries[("canzona", w)][m] for w in (8, 256)), rel=1e-12)
+    # where canzona does not lead: exactly the ratios below 1 of the table (adamw's is an overhead)
+    want = sorted((b, m, summaries[(b, w)][m] / summaries[("canzona", w)][m]) for b in ("sync", "layerwise")
+                  for m in ("iteration_ms", "optimizer_step_ms") for w in (8, 256)
+                  if summaries[(b, w)][m] < summaries[("canzona", w)][m])
+    behind = [e for e in page.having("data-behind") if e["data-behind"] != "none"]
+    got = sorted((e["data-baseline"], e["data-metric"], float(e["data-value"])) for e in behind)
+    assert [g[:2] for g in got] == [x[:2] for x in want]
+    assert [g[2] for g in got] == pytest.approx([x[2] for x in want], rel=1e-12)
+    assert bool(page.having("data-behind", **{"data-behind": "none"})) == (not want)
     adamw = page.having("data-proj", **{"data-baseline": "adamw", "data-metric": "optimizer_step_ms"})
     assert sorted(float(e["data-value"]) for e in adamw) == pytest.approx(sorted(
         summaries[("canzona", w)]["optimizer_step_ms"] / summaries[("adamw", w)]["optimizer_step_ms"] for w in (8, 256)))
@@ -532,3 +541,19 @@ def test_ladder_projection_reports_every_rung_its_dry_run_and_what_each_feature_
     sync_ms, atomic_ms = summaries["sync"][1]["optimizer_step_ms"], summaries["atomic"][1]["optimizer_step_ms"]
     assert repr(sync_ms) in step and fmt(sync_ms - atomic_ms) in got["1_0-0_0"]["text"]
     assert page.ids.get("fig-ladder") is not None
+
+
+def test_where_canzona_does_not_lead_lists_every_ratio_below_one_slowest_first() -> None:
+    from analysis.projection import behind_rows
+
+    def cell(variant, it, step):
+        return {"variant": variant, "values": {"iteration_ms": 1.0, "optimizer_step_ms": 1.0},
+                "ratio": {"iteration_ms": it, "optimizer_step_ms": step}}
+
+    rows = [{"id": "p0000", "point": {"model": "qwen3-32b"}, "variant": None, "gpus": 256,
+             "canzona": {"iteration_ms": 1.0, "optimizer_step_ms": 1.0},
+             "cells": {"layerwise_sharded_gram": [cell(None, 0.55, 0.94)], "sync": [cell(None, 1.2, 3.0)],
+                       "adamw": [cell(None, 0.9, 0.5)]}}]  # adamw's ratio is an overhead, never "behind"
+    got = behind_rows(rows)
+    assert [(x["baseline"], x["metric"], x["ratio"]) for x in got] == [
+        ("layerwise_sharded_gram", "iteration_ms", 0.55), ("layerwise_sharded_gram", "optimizer_step_ms", 0.94)]
