@@ -14,12 +14,13 @@ bash scripts/services.sh install
 "$PY" -m ruff check .
 trap 'bash slurm/dev-cluster.sh down >/dev/null 2>&1 || true' EXIT
 # Every test but `paper` and `peers`, as `pytest -m "(slow or not slow) and not paper and not
-# peers"`, on one worker per core, at most 4 (pytest-xdist; work stealing, so that the few long
-# end-to-end tests do not end up queued behind one worker). The multi-process and end-to-end
+# peers"`, on one worker per core, at most 4 (pytest-xdist). The Slurm tests share one worker (one
+# session brings the dev cluster up and down), as do the users of the one quick calibration and two-trial sweep
+# (tests/e2e/conftest.py: xdist groups, hence --dist loadgroup). The multi-process and end-to-end
 # tests start their own ranks beside another worker's test: their timeouts allow for a machine
-# loaded twice over (a run of the whole slow set on 2 cores under 2 other busy processes passed).
+# loaded twice over (the slow set passed on 2 workers of 2 cores beside 2 other busy processes).
 # The `peers` tests (megatron-core 0.19.2 in an environment of its own, made on first use: about
 # 1.5 min and 5 GB) run in .ci/run beside `paper`, or alone with `pytest -m peers`.
-"$PY" -m pytest -m "(slow or not slow) and not paper and not peers" -n auto --maxprocesses 4 --dist worksteal \
+"$PY" -m pytest -m "(slow or not slow) and not paper and not peers" -n auto --maxprocesses 4 --dist loadgroup \
   -p no:cacheprovider --durations=25 "$@"
 bash slurm/dev-cluster.sh down

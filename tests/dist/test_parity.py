@@ -119,7 +119,6 @@ def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> 
     from canzona.executor.timing import StepTimer
     from canzona.model.parallel import init_parallel
     from canzona.model.qwen3 import build_model, full_state_dict
-    from canzona.optim.owner import ReferenceOptimizer
     from canzona.plan.from_config import make_plan
     from canzona.program.check import compare_recorded
     from canzona.program.lower import lower_rank
@@ -151,10 +150,7 @@ def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> 
         key = " ".join([method, optimizer, *extra])
         if rank != 0:
             continue
-        ref_params = init_full_state_dict(mcfg, cfg.train.seed)
-        ref = ReferenceOptimizer(list(plan.params), cfg.optimizer, matrix_rule=plan.matrix_rule)
-        for step in range(1, STEPS + 1):
-            ref.step(ref_params, _mean_grads(plan.params, step, dp))
+        ref_params = _reference(mcfg, cfg, plan, dp)
         worst, exact = 0.0, True
         for name, want in ref_params.items():
             diff = (got[name] - want).abs().max().item()
@@ -175,6 +171,27 @@ def _step_parity_worker(rank: int, world: int, dp: int, tp: int, wide: bool) -> 
             "recorded": recorded_ok,
         }
     return results
+
+
+_REFERENCES: dict[str, dict[str, torch.Tensor]] = {}
+
+
+def _reference(mcfg, cfg, plan, dp: int) -> dict[str, torch.Tensor]:
+    """The single-process optimizer's parameters after `STEPS` steps on the DP-mean gradients.
+    Many combos of a layout share one (every method with the same optimizer settings and
+    params): computed once per worker and key -- the key holds everything the reference reads."""
+    key = repr((mcfg, cfg.train.seed, cfg.optimizer, plan.params, plan.matrix_rule, dp))
+    if key not in _REFERENCES:
+        from full_tensors import init_full_state_dict
+
+        from canzona.optim.owner import ReferenceOptimizer
+
+        params = init_full_state_dict(mcfg, cfg.train.seed)
+        ref = ReferenceOptimizer(list(plan.params), cfg.optimizer, matrix_rule=plan.matrix_rule)
+        for step in range(1, STEPS + 1):
+            ref.step(params, _mean_grads(plan.params, step, dp))
+        _REFERENCES[key] = params
+    return _REFERENCES[key]
 
 
 def _expected_owners(pair: tuple[str, str], optimizer: str, dp: int, tp: int) -> list[int]:
