@@ -1,6 +1,6 @@
 """End to end, through ``sweeps/run.py`` as a user runs it (slow):
 
-- the whole ``paper_projection`` profile (Qwen3 0.6B-32B, up to 256 GPUs, 162 trials) projected with
+- the whole ``paper_projection`` profile (Qwen3 0.6B-32B, up to 256 GPUs, 180 trials) projected with
   ``cluster=simulate``: every trial recorded as projected, the report path printed last, and
   the report's projected section with the paper's claims and the hardware's inputs;
 - a real local sweep with a quick calibration of this machine passed as ``sim.hardware``: its
@@ -33,7 +33,7 @@ def _sweep(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=REPO)
 
 
-@pytest.mark.paper  # paper scale (162 projected trials, about a minute on 2 cores): the CI step of its own
+@pytest.mark.paper  # paper scale (180 projected trials, a few minutes on 2 cores): the CI step of its own
 def test_paper_profile_projection_end_to_end(tmp_path: Path) -> None:
     r = _sweep("sweep=qwen3_scaling", "profile=paper_projection", f"results={tmp_path}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -41,7 +41,7 @@ def test_paper_profile_projection_end_to_end(tmp_path: Path) -> None:
     rd = tmp_path / "qwen3_scaling-paper_projection-sim-h100"
     assert index == rd / "report" / "index.html" and index.is_file()
     statuses = [json.loads(p.read_text()) for p in rd.glob("*/status.json")]
-    assert len(statuses) == 162 and all(s["status"] == "done" and s["projected"] for s in statuses)
+    assert len(statuses) == 180 and all(s["status"] == "done" and s["projected"] for s in statuses)
     worlds = {json.loads(p.read_text())["world"]["world_size"] for p in rd.glob("*/summary.json")}
     assert max(worlds) == 256
     page = Page(index.read_text())
