@@ -23,6 +23,20 @@ import pytest
 from canzona.calibrate.cache import ENV as CACHE_ENV
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (scripts/test.sh, ``--dist loadgroup``) every worker would make its own
+    copy of a module-scoped fixture for the tests it was dealt: the tests sharing one (one
+    instance: the module and the fixture's parameter) go to one worker, in one xdist group."""
+    for it in items:
+        defs = getattr(getattr(it, "_fixtureinfo", None), "name2fixturedefs", {})
+        shared = sorted(name for name in it.fixturenames if any(d.scope == "module" for d in defs.get(name, ())))
+        if not shared or it.get_closest_marker("xdist_group"):
+            continue
+        params = getattr(getattr(it, "callspec", None), "params", {})
+        instance = ",".join(f"{n}={params[n]}" for n in shared if n in params)
+        it.add_marker(pytest.mark.xdist_group(f"{it.module.__name__}[{instance}]"))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     before = os.environ.get(CACHE_ENV)
