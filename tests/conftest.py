@@ -25,12 +25,19 @@ from canzona.calibrate.cache import ENV as CACHE_ENV
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (scripts/test.sh, ``--dist loadgroup``) every worker would make its own
-    copy of a module-scoped fixture for the tests it was dealt: the tests sharing one (one
-    instance: the module and the fixture's parameter) go to one worker, in one xdist group."""
+    copy of a shared fixture for the tests it was dealt: the users of `quick_calibration` (the
+    two-trial sweep's among them) go to one worker, and the tests sharing a module-scoped
+    fixture's instance (the module and the fixture's parameter) to one worker, each in one xdist
+    group. The Slurm tests' group: tests/e2e/conftest.py."""
     for it in items:
+        if it.get_closest_marker("xdist_group"):
+            continue
+        if "quick_calibration" in getattr(it, "fixturenames", ()):
+            it.add_marker(pytest.mark.xdist_group("quick_calibration"))
+            continue
         defs = getattr(getattr(it, "_fixtureinfo", None), "name2fixturedefs", {})
         shared = sorted(name for name in it.fixturenames if any(d.scope == "module" for d in defs.get(name, ())))
-        if not shared or it.get_closest_marker("xdist_group"):
+        if not shared:
             continue
         params = getattr(getattr(it, "callspec", None), "params", {})
         instance = ",".join(f"{n}={params[n]}" for n in shared if n in params)

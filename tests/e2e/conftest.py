@@ -32,13 +32,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [it for it in items if not it.get_closest_marker("slurm_down")] + last
     # Under pytest-xdist (scripts/test.sh: --dist loadgroup) each worker is a session of its own:
     # the Slurm tests go to one worker, so that one session brings the cluster up, uses it and
-    # stops it (``slurm_down``) with no other worker's test on it; the users of the session's
-    # quick calibration (the two-trial sweep's among them) to one worker, so that each runs once.
+    # stops it (``slurm_down``) with no other worker's test on it (tests/conftest.py groups the
+    # tests that share a fixture).
     for it in items:
         if it.get_closest_marker("slurm") or it.get_closest_marker("slurm_down"):
             it.add_marker(pytest.mark.xdist_group("slurm"))
-        elif "quick_calibration" in getattr(it, "fixturenames", ()):
-            it.add_marker(pytest.mark.xdist_group("quick_calibration"))
 
 
 @pytest.fixture(scope="session", autouse=True)
