@@ -111,13 +111,7 @@ def _combinations(
     """(axis -> label, extra trial values) for the grid minus exclusions, then each include."""
     names = list(axes)
     lists = [restrict.get(n, list(axes[n].values)) for n in names]  # include entries add values later
-    excludes = exclusions(sec, axes, where)
-    out: list[tuple[dict[str, str], dict[str, Any]]] = []
-    for values in product(*lists):
-        combo = dict(zip(names, values))
-        if any(all(combo[k] in s for k, s in ex.items()) for ex in excludes):
-            continue
-        out.append((combo, {}))
+    included: list[tuple[dict[str, str], dict[str, Any]]] = []
     for inc in sec.include:
         chosen: dict[str, list[str]] = {}
         extras: dict[str, Any] = {}
@@ -131,7 +125,37 @@ def _combinations(
         for values in product(*inc_lists):
             combo = dict(zip(names, values))
             if all(combo[k] in labels for k, labels in restrict.items()):
-                out.append((combo, dict(extras)))
+                included.append((combo, dict(extras)))
+    # A command-line value that only include entries name, and that selects some of them, selects
+    # those trials and does not join the grid (``method=megatron_zero1`` on a profile that adds it
+    # by include with its own optimizer); one no selected include has extends the grid as usual.
+    only_included = _include_only_labels(sec)
+    grid_lists = [
+        [v for v in lst if not (v in only_included.get(n, ()) and any(c[n] == v for c, _ in included))]
+        if n in restrict else lst
+        for n, lst in zip(names, lists)
+    ]
+    excludes = exclusions(sec, axes, where)
+    out: list[tuple[dict[str, str], dict[str, Any]]] = []
+    for values in product(*grid_lists):
+        combo = dict(zip(names, values))
+        if any(all(combo[k] in s for k, s in ex.items()) for ex in excludes):
+            continue
+        out.append((combo, {}))
+    return out + included
+
+
+def _include_only_labels(sec: Section) -> dict[str, set[str]]:
+    """Per axis, the labels some include entry names that the section's own grid does not have."""
+    grid = {a.name: a for a in sec.axes}
+    out: dict[str, set[str]] = {}
+    for inc in sec.include:
+        for k, v in inc:
+            ax = grid.get(k)
+            if ax is None:
+                continue
+            labels = {str(x) if ax.bundle else fmt_value(x) for x in as_list(k, v)}
+            out.setdefault(k, set()).update(labels - set(ax.values))
     return out
 
 

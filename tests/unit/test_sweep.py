@@ -185,6 +185,19 @@ def test_trial_overrides_and_axis_selection(tmp_path):
     # a new value for a scalar axis replaces the axis; the include (layerwise) is filtered out
     p = plan("sweep=mini", "optimizer=shampoo", "method=canzona", configs_dir=d)
     assert {t.cfg.optimizer.name for t in p.trials} == {"shampoo"} and len(p.trials) == 2
+    # a value only an include names selects that include and does not join the grid
+    p = plan("sweep=mini", "method=canzona,layerwise", configs_dir=d)
+    assert sorted((t.cfg.method.label, t.cfg.optimizer.name) for t in p.trials) == [
+        ("canzona", "muon"), ("canzona", "muon"), ("canzona", "soap"), ("canzona", "soap"), ("layerwise", "shampoo")]
+
+
+def test_peers_profile_selects_peers_added_by_include():
+    """``method=megatron_zero1`` (included with optimizer adamw) once crossed the muon grid and failed."""
+    p = shipped("sweep=qwen3_scaling", "profile=peers", "method=adamw,megatron_zero1,torchtitan_distmuon")
+    got = sorted((t.cfg.method.label, t.cfg.optimizer.name, t.cfg.parallel.dp, t.cfg.parallel.tp) for t in p.trials)
+    assert ("megatron_zero1", "adamw", 2, 2) in got and ("torchtitan_distmuon", "muon", 2, 1) in got
+    assert {m for m, *_ in got} == {"adamw", "megatron_zero1", "torchtitan_distmuon"}
+    assert sum(m == "torchtitan_distmuon" for m, *_ in got) == 1
 
 
 def test_ids_are_stable_readable_and_content_addressed(tmp_path):
