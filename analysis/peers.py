@@ -71,6 +71,44 @@ def _ratios(num: pd.DataFrame, den: pd.DataFrame, per_step: pd.DataFrame) -> dic
     return out
 
 
+# The phases each metric's gap is split into, in timeline order (canzona/records.py); the step's
+# rest is what the step spent outside them, the iteration's the step itself.
+GAP_PHASES = {
+    "optimizer_step_ms": ("clip_grad", "gather", "compute", "scatter", "apply", "wait"),
+    "iteration_ms": ("forward", "backward", "grad_reduce", "param_sync"),
+}
+
+
+def gap_breakdown(per_step: pd.DataFrame, original: pd.DataFrame, mirror: pd.DataFrame, metric: str) -> str:
+    """Where original and mirror differ in ``metric``: the difference of the pooled medians
+    (original − mirror) split over the phases both record (`GAP_PHASES`, mean over ranks, median
+    over steps), largest first, and the rest; phases within 0.05 ms left out. Measured in the same
+    run as the ratio it explains."""
+    def medians(g: pd.DataFrame) -> dict[str, float]:
+        ps = per_step[per_step["trial_id"].isin(g["trial_id"])]
+        out = {metric: stats._pct(ps[metric])[1]}
+        for ph in GAP_PHASES[metric]:
+            col = f"{ph}_ms_mean"
+            out[ph] = stats._pct(ps[col])[1] if col in ps else math.nan
+        if metric == "iteration_ms":
+            out["optimizer_step"] = stats._pct(ps["optimizer_step_ms"])[1]
+        return out
+
+    a, b = medians(original), medians(mirror)
+    total = a[metric] - b[metric]
+    if total != total:
+        return ""
+    parts = [(k, a[k] - b[k]) for k in a if k != metric and a[k] == a[k] and b[k] == b[k]]
+    one_sided = [k.replace("_", " ") for k in a if k != metric and (a[k] == a[k]) != (b[k] == b[k])]
+    rest = total - sum(d for _, d in parts)
+    parts.append(("rest", rest))
+    shown = sorted((x for x in parts if abs(x[1]) >= 0.05), key=lambda x: -abs(x[1]))
+    if not shown:
+        return ""
+    text = f"original − mirror {total:+.1f} ms: " + ", ".join(f"{k.replace('_', ' ')} {d:+.1f}" for k, d in shown)
+    return text + (f"; in the rest, recorded by one side only: {', '.join(one_sided)}" if one_sided else "")
+
+
 def _far(value: float) -> bool:
     return value == value and not (1 / WITHIN <= value <= WITHIN)
 
@@ -122,7 +160,9 @@ def peer_section(sweep: Sweep, trials: pd.DataFrame, per_step: pd.DataFrame) -> 
                 for m, what in (("optimizer_step_ms", "optimizer step"), ("iteration_ms", "iteration")):
                     v = row["mirror_ratio"][m]["value"]
                     if _far(v):
-                        row["notes"].append(f"{mirror}'s {what} is {v:.2f}× {label}'s: not within {WITHIN}×")
+                        why = gap_breakdown(per_step, og, mg, m)
+                        row["notes"].append(f"{mirror}'s {what} is {v:.2f}× {label}'s: not within {WITHIN}×"
+                                            + (f" ({why})" if why else ""))
             rows.append(row)
             flat.append({**point, "method": row["method"], "variant": row["variant"], "follows": row["follows"],
                          "mirror": mirror, "parity": row["parity"],

@@ -222,6 +222,40 @@ class Accumulator:
         return out
 
 
+def _leaf_optimizers(optimizer) -> list[Any]:
+    """The MixedPrecision/DistributedOptimizers under megatron's (possibly nested) ChainedOptimizer."""
+    subs = getattr(optimizer, "chained_optimizers", None)
+    if subs is None:
+        return [optimizer]
+    return [leaf for sub in subs for leaf in _leaf_optimizers(sub)]
+
+
+def _time_step_parts(optimizer, cuda: bool) -> dict[str, Accumulator]:
+    """Accumulators inside ``optimizer.step()``, in the harness's step phases (canzona/records.py):
+    ``compute``: the torch optimizers' own steps (Muon's update with its Newton–Schulz, Adam on the
+    other params), less the TP gathers; ``apply``: the bf16 wrapper's copy of the fp32 main params
+    into the model; ``ns_tp`` / ``ns``: Muon's ``newton_schulz_tp`` and the ``newton_schulz`` inside
+    it, whose difference is the duplicated mode's all-gather of each matrix over TP (with its
+    concatenation and slicing): the step's ``gather``. Wrapping adds a Python call per matrix and
+    changes no arithmetic."""
+    parts = {k: Accumulator(cuda) for k in ("compute", "apply", "ns_tp", "ns")}
+    for leaf in _leaf_optimizers(optimizer):
+        inner = getattr(leaf, "optimizer", None)
+        if inner is not None and hasattr(inner, "step"):
+            inner.step = parts["compute"].wrap(inner.step)
+        if hasattr(leaf, "_copy_main_params_to_model_params"):
+            leaf._copy_main_params_to_model_params = parts["apply"].wrap(leaf._copy_main_params_to_model_params)
+    try:
+        from emerging_optimizers.orthogonalized_optimizers import muon_utils
+        from megatron.core.optimizer import emerging_optimizers as eo
+    except ImportError:  # an AdamW-only install: no Muon to time
+        return parts
+    if hasattr(eo, "newton_schulz_tp"):
+        eo.newton_schulz_tp = parts["ns_tp"].wrap(eo.newton_schulz_tp)
+        muon_utils.newton_schulz = parts["ns"].wrap(muon_utils.newton_schulz)
+    return parts
+
+
 # ---------------------------------------------------------------- one rank
 def _short(name: str) -> str:
     """A parameter's name without the DDP / Float16Module wrappers' ``module.`` prefixes."""
@@ -391,6 +425,12 @@ def _train(rank: int, cfg: dict[str, Any], cuda: bool) -> None:
                 setattr(mod, fn, clip.wrap(getattr(mod, fn)))
     psync = Accumulator(cuda)  # the parameter all-gather megatron runs inside step() when not overlapped
     ddp.start_param_sync = psync.wrap(ddp.start_param_sync)
+    inner = _time_step_parts(optimizer, cuda)
+    # the overlapped gather's exposed part: the waits in the next forward's pre-hooks (booked as
+    # param_sync and taken out of the forward, as the harness's timer does)
+    fsync = Accumulator(cuda)
+    for bg in list(ddp.bucket_groups) + list(getattr(ddp, "expert_parallel_bucket_groups", [])):
+        bg.finish_param_sync = fsync.wrap(bg.finish_param_sync)
 
     grid = cfg.get("grid_grads")  # test hook: install gradients instead of forward/backward
     named = [(_short(n), p) for n, p in ddp.named_parameters() if p.requires_grad]
@@ -407,6 +447,7 @@ def _train(rank: int, cfg: dict[str, Any], cuda: bool) -> None:
         optimizer.zero_grad()
         losses = []
         fwd = bwd = 0.0
+        fwd_sync = None
         ph.mark("start")
         if grid:
             for n, p in named:
@@ -432,7 +473,10 @@ def _train(rank: int, cfg: dict[str, Any], cuda: bool) -> None:
                     ph.mark("f1")
                     (loss / k).backward()
                     ph.mark("b1")
-                fwd += ph.ms("f0", "f1")
+                waited = fsync.take()
+                if waited is not None:
+                    fwd_sync = (fwd_sync or 0.0) + waited
+                fwd += ph.ms("f0", "f1") - (waited or 0.0)
                 bwd += ph.ms("f1", "b1")
                 losses.append(loss.detach())
             ph.mark("bwd_end")
@@ -446,13 +490,19 @@ def _train(rank: int, cfg: dict[str, Any], cuda: bool) -> None:
             torch.cuda.synchronize()
         step_ms = ph.ms("reduced", "end")
         sync_ms = psync.take()
+        exposed_sync = None if sync_ms is None and fwd_sync is None else (sync_ms or 0.0) + (fwd_sync or 0.0)
+        parts = {k: acc.take() for k, acc in inner.items()}
+        ns_outer, ns = parts.pop("ns_tp"), parts.pop("ns")
+        gather_ms = None if ns_outer is None else ns_outer - (ns or 0.0)
+        compute_ms = None if parts["compute"] is None else parts["compute"] - (gather_ms or 0.0)
         row = dict.fromkeys(fields)
         row.update({
             "step": step, "measured": step >= tr["warmup"], "rank": rank, "dp_rank": dp_rank, "tp_rank": tp_rank,
             "iteration_ms": ph.ms("start", "end"), "forward_ms": None if grid else fwd,
             "backward_ms": None if grid else bwd, "grad_reduce_ms": ph.ms("bwd_end", "reduced"),
             "clip_grad_ms": clip.take(), "optimizer_step_ms": step_ms - (sync_ms or 0.0),
-            "step_start_ms": ph.ms("start", "reduced"), "param_sync_ms": sync_ms,
+            "step_start_ms": ph.ms("start", "reduced"), "param_sync_ms": exposed_sync,
+            "gather_ms": gather_ms, "compute_ms": compute_ms, "apply_ms": parts["apply"],
             "loss": float(global_loss) / dp,
         })
         rows.append({f: row.get(f) for f in fields})

@@ -35,6 +35,7 @@ Adam-managed parameters of ``megatron_layerwise`` (embeddings and norms) are che
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -81,7 +82,25 @@ def _is_matrix(name: str, t: torch.Tensor) -> bool:
     return t.ndim == 2 and not name.startswith(("embedding.", "output_layer."))
 
 
+@contextlib.contextmanager
+def _one_thread():
+    """The reference at the ranks' one intra-op thread: torch's CPU reductions (Newton–Schulz's
+    Frobenius norm) split a tensor of more than 32768 elements over the threads, so the norm's
+    last bit depends on their number (fc1 at two threads: 1.7e-8 off)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _reference(cfg, snap, dp: int, tp: int, blockwise: bool = False, dtype=torch.float32):
+    with _one_thread():
+        return _reference_steps(cfg, snap, dp, tp, blockwise, dtype)
+
+
+def _reference_steps(cfg, snap, dp: int, tp: int, blockwise: bool, dtype):
     """The harness's single-process optimizer on the worker's initial parameters and the DP-mean
     grid gradients; ``blockwise`` makes each TP shard of a matrix its own matrix."""
     from canzona.inventory import ParamSpec

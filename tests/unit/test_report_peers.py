@@ -138,3 +138,28 @@ def test_no_peers_section_without_peer_trials(records_gen, tmp_path) -> None:
     html = index.read_text()
     assert 'id="peers"' not in html and 'href="#peers"' not in html
     assert not (index.parent / "peers.csv").exists()
+
+
+def _per_step(tid: str, step_ms: list[float], **phases: list[float | None]) -> pd.DataFrame:
+    df = pd.DataFrame({"trial_id": tid, "step": range(len(step_ms)), "optimizer_step_ms": step_ms,
+                       "iteration_ms": [s + 50 for s in step_ms]})
+    for ph in (*peers.GAP_PHASES["optimizer_step_ms"], *peers.GAP_PHASES["iteration_ms"]):
+        vals = phases.get(ph)
+        df[f"{ph}_ms_mean"] = [np.nan if v is None else v for v in (vals or [None] * len(step_ms))]
+    return df
+
+
+def test_gap_breakdown_splits_the_difference_of_medians_over_the_phases_both_record() -> None:
+    orig = _per_step("o", [30.0, 31.0, 29.0], compute=[18.0, 19.0, 17.0], gather=[2.5, 2.5, 2.5],
+                     clip_grad=[5.0, 5.0, 5.0], apply=[1.0, 1.0, 1.0])
+    mirror = _per_step("m", [16.0, 17.0, 15.0], compute=[11.0, 12.0, 10.0], clip_grad=[3.0, 3.0, 3.0],
+                       apply=[1.7, 1.7, 1.7])
+    per_step = pd.concat([orig, mirror], ignore_index=True)
+    text = peers.gap_breakdown(per_step, pd.DataFrame({"trial_id": ["o"]}), pd.DataFrame({"trial_id": ["m"]}),
+                               "optimizer_step_ms")
+    # 30 - 16 = 14: compute 7, clip 2, apply -0.7, rest 5.7 (gather: the original's only)
+    assert text.startswith("original − mirror +14.0 ms: compute +7.0, rest +5.7, clip grad +2.0, apply -0.7")
+    assert text.endswith("recorded by one side only: gather")
+    same = peers.gap_breakdown(per_step, pd.DataFrame({"trial_id": ["o"]}), pd.DataFrame({"trial_id": ["o"]}),
+                               "optimizer_step_ms")
+    assert same == ""
