@@ -871,16 +871,39 @@ def test_a_ctrl_c_while_a_status_is_written_is_held_until_the_block_ends() -> No
 
     from canzona.sweep.loop import held_interrupts
 
-    steps = []
-    with pytest.raises(KeyboardInterrupt):
+    # A process started in the background by a non-interactive shell (a CI script's `cmd &`)
+    # inherits SIGINT ignored, and Python then installs no handler of its own: install it here,
+    # as an interactive `python sweeps/run.py` has it, and restore what the process had.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        steps = []
+        with pytest.raises(KeyboardInterrupt):
+            with held_interrupts():
+                os.kill(os.getpid(), signal.SIGINT)
+                steps.append("after the signal")
+        assert steps == ["after the signal"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with held_interrupts():  # no signal: nothing raised
+            steps.append("quiet")
+        assert steps[-1] == "quiet"
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+
+
+def test_an_inherited_ignored_sigint_stays_ignored() -> None:
+    """Where the process was started with SIGINT ignored, `held_interrupts` leaves it so."""
+    import os
+    import signal
+
+    from canzona.sweep.loop import held_interrupts
+
+    inherited = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
         with held_interrupts():
             os.kill(os.getpid(), signal.SIGINT)
-            steps.append("after the signal")
-    assert steps == ["after the signal"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with held_interrupts():  # no signal: nothing raised
-        steps.append("quiet")
-    assert steps[-1] == "quiet"
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_a_list_valued_trial_key_is_a_value_not_a_section() -> None:
