@@ -15,6 +15,8 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
       memory_bytes_per_s: B                # elementwise passes (fallback for the tables below)
       call_overhead_s: s                   # per batched optimizer call, per shape (fallback)
       overlap: 1.0                         # fraction of async comm hidden behind host compute
+      sched_wait_s: s                      # CPU: a collective's wait for its peers to be scheduled when
+                                           # ranks x threads > cores (canzona.calibrate.contended); 0: none
     updates: {muon: {"MxN": s}, ...}       # one update of one matrix, refreshes amortised
                                            # (canzona.cost.load_measured reads this table)
     batched: {muon: {"MxN": {slope_s, overhead_s, refresh_s, stacked_slope_s}}}  # steady-state batched calls
@@ -63,6 +65,7 @@ is measured on the machine and carries no labels.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -199,6 +202,11 @@ class Hardware:
         self.memory_Bps = float(comp.get("memory_bytes_per_s", 1e10))
         self.call_overhead_s = float(comp.get("call_overhead_s", 0.0))
         self.overlap = float(comp.get("overlap", 1.0))
+        # What a collective waits for its peers to be scheduled when the trial's ranks oversubscribe
+        # the CPU (`canzona.calibrate.contended`); added to every collective's latency only by the
+        # copy `oversubscribed` returns.
+        self.sched_wait_s = float(comp.get("sched_wait_s", 0.0))
+        self.contention_s = 0.0
         # Whether calls issued as one coalesced group launch together (NCCL's group calls on
         # GPUs); gloo on CPUs has no coalescing and runs them one after another.
         self.coalesces = bool(comp.get("coalesces", self.device.get("kind", "cpu") != "cpu"))
@@ -265,6 +273,7 @@ class Hardware:
             "model_tflops": {"forward": r(self.forward.flops_per_s / 1e12), "backward": r(self.backward.flops_per_s / 1e12)},
             "model_dtype": self.model_dtype,
             "comm_compute_overlap": self.overlap,
+            **({"oversubscribed_collective_wait_ms": r(self.sched_wait_s * 1e3)} if self.sched_wait_s else {}),
             "optimizer_table": sorted(o for o, t in self.batched.items() if t) or "none (flops at the matmul rate)",
         }
         for level, links in self.links.items():
@@ -302,7 +311,15 @@ class Hardware:
         (gloo copies)."""
         if kind not in COLLECTIVES:
             raise ValueError(f"unknown collective {kind!r}")
-        return self.links[level or self.level(ranks)][kind].parts(kind, len(ranks), nbytes)
+        latency, transfer = self.links[level or self.level(ranks)][kind].parts(kind, len(ranks), nbytes)
+        return latency + self.contention_s, transfer
+
+    def oversubscribed(self) -> Hardware:
+        """This hardware as a trial whose ranks oversubscribe the CPU meets it: every collective
+        waits ``sched_wait_s`` more for its peers to be scheduled (the same file otherwise)."""
+        out = copy.copy(self)
+        out.contention_s = self.sched_wait_s
+        return out
 
     def collective(self, kind: str, nbytes: float, ranks: Sequence[int]) -> float:
         """Seconds of one collective over `ranks`."""

@@ -49,7 +49,7 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 2
+CALIBRATION_FORMAT = 3  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`)
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -90,6 +90,15 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
             f"{intra['bandwidth_Bps'] / 1e9:.2f} GB/s")
     for note in notes:
         log(f"  note: {note}")
+    contended = None
+    if kind == "cpu" and workers.get("collectives") and opts.threads == 1:
+        from canzona.calibrate.contended import measure_sched_wait
+
+        contended = measure_sched_wait(int(device.get("cores") or 0),
+                                       collectives["intra"]["all_reduce"]["latency_s"], opts.quick)
+        if contended:
+            stamp(f"collectives with {contended['processes']} processes on {contended['cores']} cores: "
+                  f"{contended['sched_wait_s'] * 1e3:.2f} ms scheduling wait each")
     mm = basics["matmul_float32"]
     model: dict[str, Any] = {"dtype": "float32"}
     if workers.get("model"):
@@ -116,6 +125,7 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
             "memory_bytes_per_s": 1.0 / basics["copy_seconds_per_byte"],
             "call_overhead_s": float(np.median(list(upd["update_overhead_s"].values()))) if upd["update_overhead_s"] else 0.0,
             "overlap": overlap,
+            "sched_wait_s": contended["sched_wait_s"] if contended else 0.0,
         },
         "ns_dtype": "float32",
         "precondition_frequency": opts.precondition_frequency,
@@ -135,6 +145,7 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
             "compute_processes": world or 1, "spec": spec, "collectives_source": collectives_source,
             "shapes_skipped": upd["skipped"], "shapes_retimed": upd.get("retimed", 0),
             "overlap_measurement": workers.get("overlap"), "collective_samples": workers.get("collectives"),
+            "contended_measurement": contended,
             "seconds": None,
         },
     }

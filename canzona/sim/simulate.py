@@ -62,6 +62,8 @@ def simulate(cfg: TrialConfig, hardware: Any, plan: Plan | None = None) -> Progr
         plan = make_plan(cfg, device=kind, hardware=hw)
     programs = lower(plan)
     scale, _, _ = oversubscription(cfg, hw)
+    if scale > 1.0:
+        hw = hw.oversubscribed()
     sim = ProgramSim(cfg, plan, programs, hw, scale, scale)
     sim.run()
     sim.programs_ = programs
@@ -142,7 +144,9 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
     ]
     if scale > 1.0:
         out.append(f"CPU oversubscribed: {cfg.world_size} ranks on {hw.device.get('cores')} cores: host work and "
-                   f"collective transfers ×{scale:.2g} (the optimizer step too), collective latencies not stretched")
+                   f"collective transfers ×{scale:.2g} (the optimizer step too), collective latencies not stretched"
+                   + (f"; every collective waits {hw.sched_wait_s * 1e3:.2g} ms more for its peers to be scheduled "
+                      "(the calibration's contended measurement)" if hw.sched_wait_s else ""))
     calib_threads = hw.device.get("threads")
     if hw.device.get("kind") == "cpu" and calib_threads and cfg.dist.threads_per_rank not in (None, calib_threads):
         out.append(f"trial uses {cfg.dist.threads_per_rank} threads per rank, the hardware file was timed with {calib_threads}")

@@ -82,6 +82,13 @@ def test_quick_calibration_cli_with_gloo_collectives(quick_calibration) -> None:
     assert len(data["calibration"]["collective_samples"]["all_reduce"]) >= 3
     assert data["calibration"]["collectives_source"] == "measured" and data["notes"] == []
     assert 0.0 <= data["compute"]["overlap"] <= 1.0
+    # the contended collectives (canzona.calibrate.contended): measured where 2 x cores processes fit
+    cores, contended = data["device"]["cores"], data["calibration"]["contended_measurement"]
+    if 2 * cores <= 8:
+        assert contended["processes"] == 2 * cores and contended["with_all_reduce_s"] > contended["compute_s"] > 0
+        assert data["compute"]["sched_wait_s"] == contended["sched_wait_s"] >= 0.0
+    else:
+        assert contended is None and data["compute"]["sched_wait_s"] == 0.0
 
 
 @pytest.mark.gpu

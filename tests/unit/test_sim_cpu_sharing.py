@@ -51,3 +51,39 @@ def test_this_machines_calibration_is_reused_only_in_its_format(tmp_path, monkey
     lines: list[str] = []
     assert machine.machine_hardware(1, log=lines.append) == path
     assert lines == [f"[calibrate] reused this machine's calibration: {path}"]
+
+
+def _cpu_hardware(sched_wait_s: float):
+    """The h100 file as a 2-core CPU with the given contended wait (the rest as it is)."""
+    h100 = load_hardware("h100")
+    data = yaml.safe_load(open(h100.path).read())
+    data["name"] = "two-core"
+    data["device"] = {**data["device"], "kind": "cpu", "cores": 2, "threads": 1}
+    data["compute"]["sched_wait_s"] = sched_wait_s
+    return load_hardware(data)
+
+
+def test_an_oversubscribed_collective_waits_for_its_peers_to_be_scheduled() -> None:
+    """``compute.sched_wait_s`` (canzona.calibrate.contended) is added to every collective's
+    latency, and only in a trial whose ranks oversubscribe the CPU."""
+    from canzona.config import load_config
+    from canzona.sim.simulate import assumptions, oversubscription, project
+
+    hw = _cpu_hardware(2e-3)
+    lat, tr = hw.collective_parts("all_gather", 1e6, [0, 1])
+    lat2, tr2 = hw.oversubscribed().collective_parts("all_gather", 1e6, [0, 1])
+    assert lat2 == lat + 2e-3 and tr2 == tr
+    assert hw.collective_parts("all_gather", 1e6, [0, 1]) == (lat, tr)  # the file's own view unchanged
+
+    base = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "method=sync", "optimizer=muon",
+            "dist.device=cpu", "dist.threads_per_rank=1", "train.seq_len=32"]
+    for dp, tp, oversubscribed in ((2, 1, False), (2, 2, True)):
+        cfg = load_config([*base, f"parallel.dp={dp}", f"parallel.tp={tp}"])
+        assert (oversubscription(cfg, hw)[0] > 1) == oversubscribed
+        without, with_wait = project(cfg, _cpu_hardware(0.0)), project(cfg, hw)
+        if oversubscribed:  # every TP collective of forward, backward and the step waits longer
+            assert with_wait["optimizer_step_ms"] > without["optimizer_step_ms"]
+            assert with_wait["forward_ms"] > without["forward_ms"]
+            assert any("waits 2 ms more" in a for a in assumptions(cfg, hw, 2.0))
+        else:
+            assert with_wait["iteration_ms"] == without["iteration_ms"]
