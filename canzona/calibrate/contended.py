@@ -54,8 +54,8 @@ def _worker(rank: int, world: int, port: int, reps: int, rounds: int, out: str) 
         a = torch.randn(96, 96) / 96**0.5
         buf = torch.zeros(64)
 
-        def chunk() -> None:  # about a millisecond of work per rank under contention
-            for _ in range(80):
+        def chunk() -> None:  # about 0.3 ms of work per rank under contention: a small layer between two TP collectives
+            for _ in range(16):
                 a @ a
 
         _loop(chunk, 5, pair, buf)  # warm-up: gloo pairs, allocator
