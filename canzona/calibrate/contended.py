@@ -4,7 +4,8 @@ A gloo collective between two ranks needs both processes on a core at once. When
 shared by two computing processes, a rank reaching a collective waits, on top of the
 collective's own latency, for the scheduler to run its peer, and its peer for it: measured on the
 README's first sweep at 4 ranks on 2 cores, each blocking TP collective took about 1.7 ms more
-than the two-process calibration's latency (docs/results.md § Predicted against measured). This
+than the two-process calibration's latency (estimated: the TP phases' excess over the prediction
+divided by their number of collectives; docs/results.md § Predicted against measured). This
 module measures that wait the way a trial meets it: ``2 × cores`` single-threaded processes in
 pairs, each looping over a compute chunk followed by a small all-reduce with its pair, against
 the same loop without the all-reduce. The difference per iteration, less the collective's own
@@ -18,15 +19,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from canzona.net import free_port
+from canzona.calibrate.workers import spawn_for_result
 
 MAX_PROCESSES = 8  # larger machines are not oversubscribed by the local sweeps; not measured there
-TIMEOUT_S = 300.0
 
 
 def _loop(chunk: Any, reps: int, pair: Any | None, buf: Any) -> float:
@@ -75,20 +74,14 @@ def _worker(rank: int, world: int, port: int, reps: int, rounds: int, out: str) 
 
 
 def measure_sched_wait(cores: int, latency_s: float, quick: bool = False) -> dict[str, Any] | None:
-    """Run ``2 × cores`` processes in pairs and return what `module docstring` describes:
+    """Run ``2 × cores`` processes in pairs as the module's docstring describes and return
     ``{"processes", "cores", "compute_s", "with_all_reduce_s", "latency_s", "sched_wait_s"}``, or
     None when ``2 × cores`` exceeds `MAX_PROCESSES`. ``latency_s``: the two-process
     calibration's all-reduce latency, taken out of the difference."""
-    import torch.multiprocessing as mp
-
     world = 2 * cores
     if cores < 1 or world > MAX_PROCESSES:
         return None
     reps, rounds = (20, 3) if quick else (40, 5)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "contended.json")
-        mp.start_processes(_worker, args=(world, free_port(), reps, rounds, out), nprocs=world, join=True,
-                           start_method="spawn")
-        res = json.loads(Path(out).read_text())
+    res = spawn_for_result(_worker, world, reps, rounds)
     wait = max(0.0, res["with_all_reduce_s"] - res["compute_s"] - latency_s)
     return {"processes": world, "cores": cores, **res, "latency_s": latency_s, "sched_wait_s": wait}

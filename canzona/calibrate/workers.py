@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,16 @@ def worker(rank: int, world: int, port: int, opts: Options, device_kind: str, ou
 
 def run_workers(opts: Options, device_kind: str, world: int) -> dict[str, Any]:
     """Start ``world`` workers and return rank 0's results (raises if a worker fails)."""
+    return spawn_for_result(worker, world, opts, device_kind)
+
+
+def spawn_for_result(target: Callable[..., None], world: int, *args: Any) -> dict[str, Any]:
+    """Spawn ``target(rank, world, port, *args, out)`` in ``world`` processes and return the JSON
+    its rank 0 wrote to ``out`` (raises if a process fails)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.json")
-        mp.start_processes(worker, args=(world, free_port(), opts, device_kind, out), nprocs=world, join=True,
+        mp.start_processes(target, args=(world, free_port(), *args, out), nprocs=world, join=True,
                            start_method="spawn")
         return json.loads(Path(out).read_text())

@@ -154,7 +154,7 @@ def _include_only_labels(sec: Section) -> dict[str, set[str]]:
             ax = grid.get(k)
             if ax is None:
                 continue
-            labels = {str(x) if ax.bundle else fmt_value(x) for x in as_list(k, v)}
+            labels = {ax.label_of(x) for x in as_list(k, v)}
             out.setdefault(k, set()).update(labels - set(ax.values))
     return out
 

@@ -140,9 +140,13 @@ class Axis:
             return [str(x) for x in items]
         return [self.add_scalar(x) for x in items]
 
+    def label_of(self, item: Any) -> str:
+        """The label a value of this axis goes by (a bundle's name, a scalar's formatted value)."""
+        return str(item) if self.bundle else fmt_value(item)
+
     def existing_labels(self, items: list[Any], where: str) -> list[str]:
         """Labels of values the axis already has (exclude entries): a typo is an error."""
-        labels = [str(x) if self.bundle else fmt_value(x) for x in items]
+        labels = [self.label_of(x) for x in items]
         bad = [lb for lb in labels if lb not in self.values]
         if bad:
             raise ConfigError(
