@@ -292,6 +292,16 @@ class Hardware:
         out["rates"] = rates
         return out
 
+    def model_pass(self, which: str, dtype: str) -> PassTiming:
+        """The ``forward`` or ``backward`` pass of a trial training in ``dtype``: the file's fit where
+        it was timed in that dtype (``model.dtype``), else its flop rate rescaled by the two
+        dtypes' matmul rates (a GPU's bf16 runs about 8 times its fp32 without TF32)."""
+        fit = self.forward if which == "forward" else self.backward
+        if dtype == self.model_dtype or dtype not in self.matmul_flops:
+            return fit
+        scale = self.matmul_flops[dtype] / self.matmul_flops.get(self.model_dtype, self.matmul_flops["float32"])
+        return PassTiming(fit.fixed_s, fit.layer_s, fit.flops_per_s * scale)
+
     @property
     def activation_bytes(self) -> int:
         return 2 if self.model_dtype in ("bfloat16", "float16") else 4

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# The prepared check for the first GPU machine (see tests/dist/test_gpu.py): the CUDA/NCCL path
-# (pytest -m gpu), a quick GPU calibration, one short bf16 trial per method and one of the MoE model,
-# in a few minutes.
-# Missing packages travel as wheels in .whl/ (megatron-core, omegaconf, antlr4, submitit).
-# Results go to $OUT (default /tmp/gpu_check): log.txt, the calibrated hardware file, trials.json.
+# The prepared check for a GPU machine (one GPU is enough), in about seven minutes:
+#   1. versions and the GPU's clocks;
+#   2. one tiny bf16 trial on CUDA -- the gate: if it fails, the sweep is skipped (it would fail
+#      the same way) and the CUDA tests below say why;
+#   3. the GPU's own calibration (python -m canzona.calibrate device=cuda quick=true model=true:
+#      Muon per full-size shape, the model's forward/backward timed; the collectives are the
+#      spec-derived file's, as one GPU has nothing to measure between);
+#   4. the measured sweep `sweep=qwen3_scaling profile=gpu` (Qwen3-0.6B and Qwen3-8B x 4 layers
+#      at full width, every method twice) whose report predicts the trials with that calibration;
+#      its results come back as gpu_results.tgz, to validate here against the spec-derived file
+#      too: python -m canzona.sim.validate RESULTS/qwen3_scaling hardware=h200;
+#   5. the CUDA/NCCL tests (pytest -m gpu).
+# Missing packages travel as wheels in .whl/ (megatron-core, omegaconf, antlr4, submitit; see docs/usage.md).
+# Results go to $OUT (default /tmp/gpu_check): log.txt, gpu-calibrated.yaml, gpu_results.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
+RESULTS=${RESULTS:-/tmp/gpu_results}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -14,35 +24,27 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-run() {  # run NAME SECONDS CMD...: log the command's output and its exit code, go on either way
+run() {  # run NAME SECONDS CMD...: log the command's output and its exit code; returns that code
   local name=$1 limit=$2; shift 2
   echo "=== $name: $*" | tee -a "$LOG"
   local t0=$SECONDS
   timeout "$limit" "$@" >>"$LOG" 2>&1
   local rc=$?
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$LOG"
+  return $rc
 }
-run versions 60 python3 -c "import torch, megatron.core, omegaconf; print(torch.__version__, torch.version.cuda, \
+run versions 60 python3 -c "import torch, omegaconf, submitit, megatron.core; print(torch.__version__, torch.version.cuda, \
 torch.cuda.get_device_name(), torch.cuda.device_count())"
-run pytest-gpu 240 python3 -m pytest -p no:cacheprovider -o addopts= -m gpu -q -rs --timeout=200 \
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv >>"$LOG" 2>&1
+if run gate 90 python3 -m canzona.run model=qwen3-0.6b model.width_div=8 model.num_layers=2 method=canzona \
+  dist.device=cuda train.steps=3 train.warmup=1 train.seq_len=256 out=/tmp/gpu_gate; then
+  HW="$OUT/gpu-calibrated.yaml"
+  run calibrate 150 python3 -m canzona.calibrate "out=$HW" device=cuda quick=true model=true budget_s=25 \
+    width_divs=1 optimizers=muon \
+    || HW=h200
+  run sweep 240 python3 sweeps/run.py sweep=qwen3_scaling profile=gpu "results=$RESULTS" "sim.hardware=$HW"
+  tar -czf "$OUT/gpu_results.tgz" -C "$RESULTS" . 2>>"$LOG"
+fi
+run pytest-gpu 100 python3 -m pytest -p no:cacheprovider -o addopts= -m gpu -q -rs -x --timeout=90 \
   tests/dist/test_gpu.py tests/unit/test_timing.py
-run calibrate 150 python3 -m canzona.calibrate "out=$OUT/h200-calibrated.yaml" device=cuda quick=true
-for m in canzona sync layerwise adamw; do
-  run "trial-$m" 75 python3 -m canzona.run model=qwen3-8b model.width_div=4 model.num_layers=4 method=$m \
-    dist.device=cuda train.steps=10 train.warmup=3 train.micro_batch=4 train.seq_len=1024 "out=/tmp/gpu_trials/$m"
-done
-# the MoE layer on CUDA (one GPU: EP 1, the router and the local experts; the dispatch's NCCL
-# all-to-alls need EP > 1, i.e. several GPUs)
-run trial-moe 90 python3 -m canzona.run model=qwen3-30b-a3b model.width_div=8 model.num_layers=2 model.num_experts=16 \
-  model.top_k=4 method=canzona dist.device=cuda train.steps=5 train.warmup=2 train.micro_batch=4 train.seq_len=1024 \
-  "out=/tmp/gpu_trials/moe"
-python3 - "$OUT/trials.json" <<'PY' >>"$LOG" 2>&1
-import json, sys, pathlib
-out = {}
-for d in sorted(pathlib.Path("/tmp/gpu_trials").glob("*")):
-    f = d / "summary.json"
-    out[d.name] = json.loads(f.read_text()) if f.exists() else None
-pathlib.Path(sys.argv[1]).write_text(json.dumps(out, indent=1, default=str))
-print("trials:", {k: (v or {}).get("optimizer_step_ms_median") for k, v in out.items()})
-PY
-tail -n 60 "$LOG"
+tail -n 40 "$LOG"

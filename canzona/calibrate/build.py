@@ -14,6 +14,7 @@ import yaml
 
 from canzona.calibrate.compute import measure_compute
 from canzona.calibrate.fit import fit_link, fit_pass
+from canzona.calibrate.model_pass import pass_dtype
 from canzona.calibrate.settings import Options
 from canzona.calibrate.workers import run_workers
 from canzona.devices import resolve_device
@@ -49,7 +50,8 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 3  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`)
+CALIBRATION_FORMAT = 4  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+# 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -100,17 +102,19 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
             stamp(f"collectives with {contended['processes']} processes on {contended['cores']} cores: "
                   f"{contended['sched_wait_s'] * 1e3:.2f} ms scheduling wait each")
     mm = basics["matmul_float32"]
-    model: dict[str, Any] = {"dtype": "float32"}
+    model_dtype = pass_dtype(kind)
+    model_mm = basics["matmul_bfloat16"] if model_dtype == "bfloat16" else mm
+    model: dict[str, Any] = {"dtype": model_dtype}
     if workers.get("model"):
         pts = workers["model"]
-        model.update(source="measured", forward=fit_pass(pts, "forward_s", 0.5 * mm),
-                     backward=fit_pass(pts, "backward_s", 0.5 * mm), points=pts)
+        model.update(source="measured", forward=fit_pass(pts, "forward_s", 0.5 * model_mm),
+                     backward=fit_pass(pts, "backward_s", 0.5 * model_mm), points=pts)
         log(f"  model: forward {model['forward']['flops_per_s'] / 1e9:.1f} GFLOP/s + "
             f"{model['forward']['layer_s'] * 1e3:.2f} ms/layer")
     else:
         model.update(source="estimated from the matmul rate (model=false or quick=true)",
-                     forward={"fixed_s": 2e-3, "layer_s": 1.5e-3, "flops_per_s": 0.5 * mm},
-                     backward={"fixed_s": 3e-3, "layer_s": 3e-3, "flops_per_s": 0.5 * mm})
+                     forward={"fixed_s": 2e-3, "layer_s": 1.5e-3, "flops_per_s": 0.5 * model_mm},
+                     backward={"fixed_s": 3e-3, "layer_s": 3e-3, "flops_per_s": 0.5 * model_mm})
     measured_by = f"{world or 1} process(es)" + (" on their own GPUs" if kind == "cuda" else "")
     hardware = {
         "name": opts.name,
@@ -127,7 +131,7 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
             "overlap": overlap,
             "sched_wait_s": contended["sched_wait_s"] if contended else 0.0,
         },
-        "ns_dtype": "float32",
+        "ns_dtype": opts.ns_dtype_for(kind),
         "precondition_frequency": opts.precondition_frequency,
         "updates": upd["updates"],
         "batched": upd["batched"],

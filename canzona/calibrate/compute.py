@@ -35,7 +35,9 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, float
     ab, bb = a.bfloat16(), b.bfloat16()
     clock.time(lambda: ab @ bb)
     out["matmul_bfloat16"] = 2 * n**3 / clock.median(lambda: ab @ bb, 3, 1.0, sync)
-    elems = ((1 << 24) if quick else (1 << 26)) if gpu else ((1 << 18) if quick else (1 << 20))
+    # a GPU's elementwise kernels reach their bandwidth only on large tensors: 2^24 elements
+    # (64 MB) priced the fused AdamW at 16 ps/element on an H200, the trials ran at 9 (2026-12-04)
+    elems = (1 << 26) if gpu else ((1 << 18) if quick else (1 << 20))
     x, y = torch.randn(elems, device=dev), torch.randn(elems, device=dev)
     t = clock.median(lambda: torch.cat([x, y]), 5, 0.5, sync)
     tiny = [torch.randn(64, device=dev) for _ in range(32)]
@@ -88,13 +90,17 @@ def _pass_rates(name: str, run: Callable[[list], Any], big: Any, tiny: list, clo
 
 def time_update_tables(optimizers: tuple[str, ...] | list[str], shapes: list[tuple[int, int]], budget_s: float,
                        quick: bool, freq: int, flops_rate: float, clock: Clock, required: int = 0,
-                       sync: Sync = solo) -> dict[str, Any]:
+                       sync: Sync = solo, ns_dtype: str = "float32",
+                       rates: dict[str, float] | None = None) -> dict[str, Any]:
     """A hardware file's optimizer tables (``batched``, ``updates``, ``update_overhead_s``,
     ``eigh_flops_per_s``): per optimizer and shape, steady slope / overhead (batch 1 and 4) and
     refresh seconds; the first ``required`` shapes are timed even past the budget.
     ``sync(go) -> go`` agrees on every go / skip decision across the calibrating processes (and
     lines them up), so they time the same shapes at the same moments, as a trial's ranks run
-    their steps. (The calibration cache's per-kernel table is `canzona.calibrate.kernels.time_kernel_updates`'s.)"""
+    their steps. Muon is timed with its Newton-Schulz in ``ns_dtype`` (the file says which: the
+    simulator rescales to another dtype by the matmul rates); ``rates`` (matmul flop/s per dtype)
+    prices a shape against the budget in its optimizer's matmul dtype, ``flops_rate`` where absent.
+    (The calibration cache's per-kernel table is `canzona.calibrate.kernels.time_kernel_updates`'s.)"""
     import torch
 
     from canzona.optim.registry import make_rule
@@ -105,9 +111,14 @@ def time_update_tables(optimizers: tuple[str, ...] | list[str], shapes: list[tup
     small = 0.02  # below this, also time a batch of 4 to split per-call overhead from slope
     refresh_cap = 0.05 if quick else 0.6
     batched: dict[str, dict[str, dict[str, float]]] = {o: {} for o in optimizers}
-    rules = {o: make_rule(OptimizerSection(name=o, precondition_frequency=freq), "matrix") for o in optimizers}
+    from canzona.optim import registry
+
+    sections = {o: OptimizerSection(name=o, precondition_frequency=freq, ns_dtype=ns_dtype) for o in optimizers}
+    rules = {o: make_rule(sec, "matrix") for o, sec in sections.items()}
+    rate_of = {o: (rates or {}).get(registry.get(o).matmul_dtype(sec), flops_rate) for o, sec in sections.items()}
     # Muon's opt-in stacked Newton–Schulz (optimizer.batch_equal_shapes): timed on a batch of 4
-    stacked = make_rule(OptimizerSection(name="muon", batch_equal_shapes=True), "matrix") if "muon" in rules else None
+    stacked = (make_rule(OptimizerSection(name="muon", batch_equal_shapes=True, ns_dtype=ns_dtype), "matrix")
+               if "muon" in rules else None)
     overhead: dict[str, float] = {}
     eigh_samples: list[tuple[float, float]] = []  # (refresh flops, seconds)
     deadline = time.perf_counter() + budget_s
@@ -147,7 +158,7 @@ def time_update_tables(optimizers: tuple[str, ...] | list[str], shapes: list[tup
     skipped = 0
     for k, (m, n) in enumerate(shapes):
         for o, rule in rules.items():
-            est = steady_flops(o, m, n) / flops_rate
+            est = steady_flops(o, m, n) / rate_of[o]
             go = k < required or (est <= per_shape_cap and time.perf_counter() <= deadline)
             if not sync(go):
                 skipped += 1
@@ -201,6 +212,8 @@ def measure_compute(opts: Options, device: Any, sync: Sync = solo) -> dict[str, 
     torch.set_num_threads(opts.threads)
     clock = Clock(device)
     basics = time_basics(opts.quick, clock, sync)
+    rates = {"float32": basics["matmul_float32"], "bfloat16": basics["matmul_bfloat16"]}
     upd = time_update_tables(opts.optimizers, calibration_shapes(opts.width_divs), opts.budget_s, opts.quick,
-                             opts.precondition_frequency, basics["matmul_float32"], clock, len(local_sweep_shapes()), sync)
+                             opts.precondition_frequency, basics["matmul_float32"], clock, len(local_sweep_shapes()), sync,
+                             ns_dtype=opts.ns_dtype_for(clock.device.type), rates=rates)
     return {"basics": basics, "updates": upd}

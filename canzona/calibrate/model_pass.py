@@ -8,30 +8,45 @@ from typing import Any
 from canzona.calibrate.clock import Clock
 from canzona.inventory import model_config
 
-# (model, width_div, layers, micro_batch, seq_len): around the local sweep's sizes on a CPU;
-# on a GPU large enough that the passes measure the device, not kernel launches.
+# (model, width_div, layers, micro_batch, seq_len): around the local sweep's sizes on a CPU; on a
+# GPU around the gpu profile's (full width, 4096 tokens). The fit is linear in flops, so its rate
+# is that of the sizes timed: points of 1024 tokens at 0.6B's width fitted 151 TFLOP/s on an H200
+# where the 8B-wide trial ran at 416 (2026-12-04, docs/results.md), tripling their forward.
 CPU_POINTS = (
     ("qwen3-0.6b", 8, 1, 1, 32), ("qwen3-0.6b", 8, 2, 1, 32), ("qwen3-0.6b", 8, 4, 1, 32),
     ("qwen3-8b", 16, 2, 1, 32), ("qwen3-8b", 16, 4, 1, 32), ("qwen3-0.6b", 16, 2, 2, 64),
 )
 GPU_POINTS = (
-    ("qwen3-0.6b", 1, 1, 2, 512), ("qwen3-0.6b", 1, 2, 2, 512), ("qwen3-0.6b", 1, 4, 2, 512),
-    ("qwen3-8b", 2, 2, 2, 512), ("qwen3-8b", 2, 4, 2, 512), ("qwen3-0.6b", 1, 2, 4, 1024),
+    ("qwen3-0.6b", 1, 2, 1, 4096), ("qwen3-0.6b", 1, 4, 1, 4096), ("qwen3-0.6b", 1, 8, 1, 4096),
+    ("qwen3-8b", 1, 1, 1, 4096), ("qwen3-8b", 1, 2, 1, 4096), ("qwen3-0.6b", 1, 4, 2, 2048),
 )
 
 
+def pass_dtype(device_kind: str) -> str:
+    """The dtype the model passes are timed in: what a trial's ``train.dtype=auto`` resolves to on
+    this device (bf16 on a GPU -- 8 times fp32's matmul rate on an H100/H200 -- and on a CPU with
+    native bf16; fp32 otherwise). The simulator rescales by the matmul rates for a trial in the
+    other dtype."""
+    from canzona.devices import resolve_dtype
+
+    return resolve_dtype("auto", device_kind)[0]
+
+
 def time_model(rank: int, world: int, clock: Clock) -> list[dict[str, Any]]:
-    """Forward / backward seconds at each point, every process at once (Megatron's groups must
-    be up, tp=1: `canzona.model.parallel.init_parallel`)."""
+    """Forward / backward seconds at each point in `pass_dtype`, every process at once
+    (Megatron's groups must be up, tp=1: `canzona.model.parallel.init_parallel`)."""
+    import torch
+
     from canzona.model.data import synthetic_batch
     from canzona.model.qwen3 import build_model
     from canzona.sim.model import forward_flops
 
     points_in = GPU_POINTS if clock.cuda else CPU_POINTS
+    dtype = torch.bfloat16 if pass_dtype(clock.device.type) == "bfloat16" else torch.float32
     points = []
     for k, (name, div, layers, mb, seq) in enumerate((points_in[0], *points_in)):
         mcfg = model_config(name, div, layers)
-        model = build_model(mcfg, device=clock.device, seed=0)
+        model = build_model(mcfg, device=clock.device, seed=0, dtype=dtype)
         fwd, bwd = [], []
         for step in range(7):
             tokens, labels = synthetic_batch(mcfg, mb, seq, 0, step, rank, world)

@@ -15,6 +15,7 @@ from canzona.schema_doc import setting
 OPTIMIZERS = registry.MATRIX_NAMES  # every registered matrix optimizer
 DEVICES = ("auto", "cpu", "cuda")
 SPEC_CHOICES = ("auto", "none", *SPECS)
+NS_DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 
 
 @dataclass
@@ -36,6 +37,9 @@ class Settings:
     device: str = setting("auto", "the device timed: auto (the GPU when visible), cpu, cuda", choices=DEVICES)
     spec: str = setting("auto", "collectives to keep when there is nothing to measure between (one GPU): auto "
                                 "(the device's name), none, or a spec", choices=SPEC_CHOICES)
+    ns_dtype: str = setting("auto", "Newton-Schulz dtype Muon's updates are timed in: auto (bfloat16 on a GPU, as the "
+                                    "GPU profiles and Megatron run it; float32 on a CPU, the option's default), "
+                                    "float32, bfloat16", choices=NS_DTYPE_CHOICES)
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,13 @@ class Options:
     precondition_frequency: int
     device: str  # auto | cpu | cuda (auto is resolved where torch is imported)
     spec: str
+    ns_dtype: str = "auto"  # auto | float32 | bfloat16 (auto is resolved with the device: `ns_dtype_for`)
+
+    def ns_dtype_for(self, device_kind: str) -> str:
+        """The Newton-Schulz dtype Muon is timed in on a ``device_kind`` device."""
+        if self.ns_dtype != "auto":
+            return self.ns_dtype
+        return "bfloat16" if device_kind == "cuda" else "float32"
 
 
 def parse_args(argv: Sequence[str]) -> Options:
@@ -69,6 +80,8 @@ def parse_args(argv: Sequence[str]) -> Options:
             raise ConfigError(f"optimizers: {o!r} is not one of {', '.join(OPTIMIZERS)}")
     if s.device not in DEVICES:
         raise ConfigError(f"device={s.device!r}; allowed: {', '.join(DEVICES)}")
+    if s.ns_dtype not in NS_DTYPE_CHOICES:
+        raise ConfigError(f"ns_dtype={s.ns_dtype!r}; allowed: {', '.join(NS_DTYPE_CHOICES)}")
     if s.spec not in SPEC_CHOICES:
         raise ConfigError(f"spec={s.spec!r}; allowed: {', '.join(SPEC_CHOICES)}")
     if s.threads < 1 or s.precondition_frequency < 1:
@@ -80,7 +93,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         out=s.out, name=s.name or Path(s.out).stem, quick=s.quick, budget_s=float(budget), threads=s.threads,
         width_divs=width_divs, optimizers=optimizers, collectives=s.collectives,
         model=(not s.quick) if s.model is None else s.model, precondition_frequency=s.precondition_frequency,
-        device=s.device, spec=s.spec,
+        device=s.device, spec=s.spec, ns_dtype=s.ns_dtype,
     )
 
 

@@ -135,8 +135,8 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
     moe_flops = moe_layer_flops(mcfg, tp, tokens) if mcfg.moe else 0.0
 
     fwd_flops = forward_flops(mcfg, tp, b, s)
-    forward_s = hw.forward.seconds(fwd_flops, L)
-    bw = hw.backward
+    forward_s = hw.model_pass("forward", plan.execution.dtype).seconds(fwd_flops, L)
+    bw = hw.model_pass("backward", plan.execution.dtype)
 
     act = tokens * mcfg.hidden * hw.activation_bytes
     ar_act = hw.collective("all_reduce", act, tp_ranks) if tp > 1 else 0.0

@@ -45,6 +45,12 @@ PRELOAD = ["torch", "torch.distributed", "megatron.core.parallel_state", "megatr
 
 
 def _context():
+    import torch
+
+    if torch.cuda.is_available():
+        # a preloaded module (megatron-core's) initialises CUDA in the fork server, and CUDA cannot
+        # be initialised again in a process forked from it: the GPU tests' ranks start fresh
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx

@@ -22,6 +22,7 @@ from canzona.calibrate import (
     parse_args,
     write_hardware,
 )
+from canzona.calibrate.model_pass import pass_dtype
 from canzona.config import load_config
 from canzona.cost import FlopsCost, load_measured
 from canzona.errors import ConfigError
@@ -70,6 +71,19 @@ def test_quick_calibration_in_process(tmp_path: Path) -> None:
     # Muon's stacked Newton-Schulz (optimizer.batch_equal_shapes) is timed beside the loop, per shape
     muon = hw["batched"]["muon"]
     assert muon and all(e["stacked_slope_s"] >= 0.0 for e in muon.values())
+    # timed as the trials run: Muon in the option's default dtype on a CPU, the model (had it been
+    # timed; the estimate says which rate it used) in what train.dtype=auto resolves to here
+    assert hw["ns_dtype"] == "float32" and hw["model"]["dtype"] == pass_dtype("cpu")
+    assert hw["model"]["forward"]["flops_per_s"] == 0.5 * hw["compute"]["matmul_flops_per_s"][pass_dtype("cpu")]
+
+
+def test_ns_dtype_follows_the_device_unless_given() -> None:
+    auto = parse_args(["out=x.yaml"])
+    assert (auto.ns_dtype_for("cpu"), auto.ns_dtype_for("cuda")) == ("float32", "bfloat16")
+    given = parse_args(["out=x.yaml", "ns_dtype=bfloat16"])
+    assert (given.ns_dtype_for("cpu"), given.ns_dtype_for("cuda")) == ("bfloat16", "bfloat16")
+    with pytest.raises(ConfigError, match="ns_dtype"):
+        parse_args(["out=x.yaml", "ns_dtype=fp8"])
 
 
 @pytest.mark.slow
@@ -103,6 +117,7 @@ def test_quick_gpu_calibration(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     data = yaml.safe_load(out.read_text())
     assert data["device"]["kind"] == "cuda" and data["calibration"]["device"] == "cuda"
+    assert data["ns_dtype"] == "bfloat16" and data["model"]["dtype"] == "bfloat16"
     for opt in ("muon", "shampoo", "soap"):
         assert all(v > 0 for v in data["updates"][opt].values())
     source = data["calibration"]["collectives_source"]

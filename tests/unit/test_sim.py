@@ -241,6 +241,22 @@ def test_recompute_runs_each_layer_forward_again_in_backward() -> None:
     assert sum(extra) == pytest.approx(sum(layers))
 
 
+def test_a_trial_in_another_dtype_than_the_pass_fit_runs_at_the_matmul_rates_ratio() -> None:
+    """A file whose passes were timed in fp32 prices a bf16 trial at its bf16/fp32 matmul ratio
+    (a GPU's bf16 runs about 8x fp32: an fp32 fit priced bf16 trials 2-4x slow on an H200)."""
+    from canzona.sim.model import forward_flops, model_work
+
+    data = toy_hardware()
+    data["compute"]["matmul_flops_per_s"]["bfloat16"] = 8e12
+    data["model"]["forward"]["flops_per_s"] = 1e12
+    hw = load_hardware(data)
+    for dtype, rate in (("fp32", 1e12), ("bf16", 8e12)):
+        cfg = load_config(TINY + ["method=canzona", f"train.dtype={dtype}"])
+        work = model_work(cfg, make_plan(cfg, device="cuda"), hw, [0])
+        flops = forward_flops(cfg.model_cfg(), 1, cfg.train.micro_batch, cfg.train.seq_len)
+        assert work.forward_s == pytest.approx(0.01 + flops / rate)
+
+
 # ---------------------------------------------------------------- the iteration
 def test_one_rank_step_is_the_sum_of_its_updates() -> None:
     cfg = load_config(TINY + ["method=canzona"])
