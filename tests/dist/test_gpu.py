@@ -91,8 +91,10 @@ def test_step_parity_on_cuda(layout: tuple[int, int]) -> None:
     assert set(res) == set(METHODS)
     for method, r in res.items():
         assert r["recorded"] == [], f"{method}: {r['recorded'][:3]}"
-        # CUDA matmuls are deterministic for equal shapes; owners see the same full matrices
-        assert r["exact"], f"{method}: not bit-exact on CUDA (relative {r['rel']:.2e})"
+    # CUDA matmuls are deterministic for equal shapes; owners see the same full matrices. Every
+    # method's result in one message (an H200 on 2026-12-04: canzona 4.9e-7 off, docs/results.md)
+    off = {method: f"{r['rel']:.2e}" for method, r in res.items() if not r["exact"]}
+    assert not off, f"not bit-exact on CUDA (worst relative difference per method): {off}"
 
 
 def test_bf16_trial_on_cuda_records_what_ran(tmp_path: Path) -> None:
