@@ -28,6 +28,8 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
     apply_call_overhead_s: s
     copy_seconds_per_byte: s               # packing / unpacking collective buffers
     copy_call_overhead_s: s
+    grad_add_seconds_per_element: {float32: s, bfloat16: s}  # a gradient landing in the fp32 buffer
+                                           # (calibrated; else 1.5 copies of fp32 bytes)
     norm_seconds_per_byte: s               # gradient clipping's norm pass (calibrated; else a copy)
     norm_call_overhead_s: s
     scale_seconds_per_byte: s              # gradient clipping's in-place scaling (likewise)
@@ -221,6 +223,7 @@ class Hardware:
         self.apply_call_overhead_s = float(data.get("apply_call_overhead_s", self.call_overhead_s))
         self.copy_s_per_byte = float(data.get("copy_seconds_per_byte", 2.0 / self.memory_Bps))
         self.copy_call_overhead_s = float(data.get("copy_call_overhead_s", 0.0))
+        self.grad_add_s_per_elem = {str(k): float(v) for k, v in (data.get("grad_add_seconds_per_element") or {}).items()}
         # gradient clipping's norm (a read) and in-place scaling: calibrated on a CPU; a file
         # without them prices each as one copy pass (spec-derived GPU files)
         self.pass_rates = {k: (float(data[f"{k}_seconds_per_byte"]), float(data.get(f"{k}_call_overhead_s", 0.0)))
@@ -426,6 +429,15 @@ class Hardware:
 
     def copy(self, nbytes: float, calls: int = 1) -> float:
         return calls * self.copy_call_overhead_s + nbytes * self.copy_s_per_byte
+
+    def grad_add(self, numel: float, dtype: str, copy_factor: float) -> float:
+        """Seconds of one gradient of ``numel`` elements in ``dtype`` landing in the fp32 buffer
+        (``grad_view.add_(grad)``): the calibrated rate where the file has it, else
+        ``copy_factor`` copies of its fp32 bytes."""
+        rate = self.grad_add_s_per_elem.get(dtype)
+        if rate is None:
+            return self.copy(copy_factor * 4 * numel)
+        return self.copy_call_overhead_s + numel * rate
 
     def grad_pass(self, kind: str, nbytes: float, calls: int = 1) -> float:
         """Seconds of gradient clipping's ``norm`` or ``scale`` pass over ``nbytes`` of fp32

@@ -50,8 +50,9 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 4  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
-# 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``
+CALIBRATION_FORMAT = 5  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+# 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``;
+# 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``)
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -140,6 +141,9 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
                                   "apply_call_overhead_s", "copy_seconds_per_byte", "copy_call_overhead_s",
                                   "norm_seconds_per_byte", "norm_call_overhead_s", "scale_seconds_per_byte",
                                   "scale_call_overhead_s") if k in basics},
+        **({"grad_add_seconds_per_element": {d: basics[f"grad_add_seconds_per_element_{d}"]
+                                              for d in ("float32", "bfloat16")}}
+           if "grad_add_seconds_per_element_float32" in basics else {}),
         "model": model,
         "collectives": collectives,
         "notes": notes,

@@ -69,6 +69,15 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, float
     out["adamw_seconds_per_element"] = clock.median(adam_big, 5, 1.0, sync) / elems
     out["adamw_tensor_overhead_s"] = max(0.0, clock.median(adam_tiny, 5, 0.5, sync) / 32
                                          - 64 * out["adamw_seconds_per_element"])
+    # a gradient landing in the executor's fp32 buffer (`canzona.executor.buffer`: grad_view.add_(grad)),
+    # per element and per training dtype: a bf16 gradient's mixed-dtype add ran 3.6x the fp32 one
+    # on an AMX Xeon (2.2 against 0.6 ns), far from a copy's cost
+    main = sets[1][0]
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        g = sets[1][1].to(dtype)
+        clock.time(lambda g=g: main.add_(g))
+        out[f"grad_add_seconds_per_element_{name}"] = clock.median(lambda g=g: main.add_(g), 5, 0.5, sync) / elems
+        del g
     p, u = sets[0][0], torch.randn(elems, device=dev)
     out["apply_seconds_per_element"] = clock.median(lambda: apply_update(p, u, 1e-3, 0.01), 5, 0.5, sync) / elems
     ut = torch.randn(64, device=dev)

@@ -160,9 +160,9 @@ def model_work(cfg: TrialConfig, plan: Plan, hw: Hardware, tp_ranks: Sequence[in
         return hw.collective("all_reduce", n * BYTES, tp_ranks) if params[i].tp_grad_allreduce and tp > 1 else 0.0
 
     def hook(i: int) -> float:
-        """The gradient hook: the copy into the buffer, then `partial`."""
+        """The gradient hook: the add into the fp32 buffer, then `partial`."""
         n = params[i].local_numel(space.split_over(i, tp))
-        return hw.copy(HOOK_COPY_FACTOR * BYTES * n) + partial(i)
+        return hw.grad_add(n, plan.execution.dtype, HOOK_COPY_FACTOR) + partial(i)
 
     units: list[tuple[float, tuple[int, ...], float]] = []
     by_layer: dict[int | None, list[int]] = {}

@@ -257,6 +257,21 @@ def test_a_trial_in_another_dtype_than_the_pass_fit_runs_at_the_matmul_rates_rat
         assert work.forward_s == pytest.approx(0.01 + flops / rate)
 
 
+def test_a_gradient_lands_at_its_calibrated_rate_per_dtype() -> None:
+    """The hook's ``grad_view.add_(grad)``: priced per element in the trial's dtype where the file
+    calibrated it (a bf16 gradient's mixed-dtype add is no copy on a CPU), else as copies."""
+    from canzona.sim.model import model_work
+
+    cfg = load_config(TINY + ["method=canzona", "train.dtype=bf16"])
+    plan = make_plan(cfg, device="cuda")
+    base = model_work(cfg, plan, load_hardware(toy_hardware()), [0])
+    rates = {"float32": 1e-9, "bfloat16": 4e-9}
+    priced = model_work(cfg, plan, load_hardware(toy_hardware(grad_add_seconds_per_element=rates)), [0])
+    numel = sum(p.numel for p in plan.params)
+    extra = sum(sec for sec, _, _ in priced.backward_units) - sum(sec for sec, _, _ in base.backward_units)
+    assert extra == pytest.approx(numel * 4e-9)  # the toy file's copies cost nothing
+
+
 # ---------------------------------------------------------------- the iteration
 def test_one_rank_step_is_the_sum_of_its_updates() -> None:
     cfg = load_config(TINY + ["method=canzona"])
