@@ -212,6 +212,8 @@ class Hardware:
         # Whether calls issued as one coalesced group launch together (NCCL's group calls on
         # GPUs); gloo on CPUs has no coalescing and runs them one after another.
         self.coalesces = bool(comp.get("coalesces", self.device.get("kind", "cpu") != "cpu"))
+        # Whether a collective's latency keeps the rank's core busy (`collective_parts`): gloo on a CPU
+        self.latency_busy = self.device.get("kind", "cpu") == "cpu"
         self.updates = {o: {k: float(v) for k, v in (t or {}).items()} for o, t in (data.get("updates") or {}).items()}
         self.batched = {o: dict(t or {}) for o, t in (data.get("batched") or {}).items()}
         self.update_overhead = {o: float(v) for o, v in (data.get("update_overhead_s") or {}).items()}
@@ -318,13 +320,20 @@ class Hardware:
 
     def collective_parts(self, kind: str, nbytes: float, ranks: Sequence[int],
                          level: str | None = None) -> tuple[float, float]:
-        """(latency, transfer) seconds of one collective over `ranks` (global ranks; their nodes
+        """(waiting, busy) seconds of one collective over `ranks` (global ranks; their nodes
         pick the level, unless ``level`` -- `level` of these ranks, which a caller pricing many
-        collectives of one group may keep -- is given). Only the transfer part keeps a CPU busy
-        (gloo copies)."""
+        collectives of one group may keep -- is given). Only the busy part keeps a CPU core
+        busy (the simulator stretches it on an oversubscribed CPU and charges it to the host
+        where communication does not overlap compute): on a GPU the transfer; on a CPU (gloo)
+        the link's latency too -- the calls' dispatch, gloo's thread hand-offs and loopback
+        syscalls run on the rank's cores (charging it moved the README's first sweep's error at
+        dp 2 x tp 2 from 15-36 % to 4-30 %, docs/results.md) -- and only a scheduling wait for
+        peers (`oversubscribed`) is spent idle."""
         if kind not in COLLECTIVES:
             raise ValueError(f"unknown collective {kind!r}")
         latency, transfer = self.links[level or self.level(ranks)][kind].parts(kind, len(ranks), nbytes)
+        if self.latency_busy:
+            return self.contention_s, latency + transfer
         return latency + self.contention_s, transfer
 
     def oversubscribed(self) -> Hardware:

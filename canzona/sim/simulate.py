@@ -144,7 +144,8 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
     ]
     if scale > 1.0:
         out.append(f"CPU oversubscribed: {cfg.world_size} ranks on {hw.device.get('cores')} cores: host work and "
-                   f"collective transfers ×{scale:.2g} (the optimizer step too), collective latencies not stretched"
+                   f"collectives ×{scale:.2g} (the optimizer step too; gloo's calls keep a core busy, latency "
+                   "included), the model pass's blocking TP collectives not stretched"
                    + (f"; every collective waits {hw.sched_wait_s * 1e3:.2g} ms more for its peers to be scheduled "
                       "(the calibration's contended measurement)" if hw.sched_wait_s else ""))
     calib_threads = hw.device.get("threads")

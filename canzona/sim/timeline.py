@@ -11,7 +11,8 @@ collective is only created once every member has reached it. Rules:
   (collectives of one group kind run in issue order, as on one NCCL communicator or gloo pair);
 - waiting on a collective moves the host clock to its end (if later);
 - ``overlap`` < 1 (CPU / gloo: communication shares the cores with compute): a fraction
-  ``1 - overlap`` of each collective's transfer time (its latency keeps no core busy) is
+  ``1 - overlap`` of each collective's busy time (`Hardware.collective_parts`: on a GPU the
+  transfer; on a CPU the latency too, gloo's calls run on the rank's cores) is
   charged to each member's host as a debt, paid by the next host work, less whatever time the
   host spent idle waiting meanwhile.
 

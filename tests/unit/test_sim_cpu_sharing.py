@@ -87,3 +87,16 @@ def test_an_oversubscribed_collective_waits_for_its_peers_to_be_scheduled() -> N
             assert any("waits 2 ms more" in a for a in assumptions(cfg, hw, 2.0))
         else:
             assert with_wait["iteration_ms"] == without["iteration_ms"]
+
+
+def test_a_cpu_collectives_latency_keeps_a_core_busy_and_a_gpus_does_not() -> None:
+    """gloo's calls (dispatch, its thread's hand-offs, loopback syscalls) run on the rank's cores:
+    on a CPU file the whole collective is busy time, but for the wait for peers to be scheduled;
+    on a GPU file only the transfer is."""
+    cpu, gpu = _cpu_hardware(2e-3), load_hardware("h100")
+    link = cpu.links["intra"]["all_gather"]
+    lat, tr = link.parts("all_gather", 2, 1e6)
+    assert cpu.collective_parts("all_gather", 1e6, [0, 1]) == (0.0, lat + tr)
+    assert cpu.oversubscribed().collective_parts("all_gather", 1e6, [0, 1]) == (2e-3, lat + tr)
+    glat, gtr = gpu.links["intra"]["all_gather"].parts("all_gather", 2, 1e6)
+    assert gpu.collective_parts("all_gather", 1e6, [0, 1]) == (glat, gtr)
