@@ -7,6 +7,9 @@ are read from its config by `canzona.plan.from_config`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 def cpu_has_bf16() -> bool:
     """Does this CPU compute bf16 dot products natively (AVX512-BF16 or AMX)?"""
@@ -58,3 +61,18 @@ def resolve_device(requested: str, *, required: bool = False, key: str = "dist.d
 
         raise ConfigError(f"{key}=cuda but no CUDA device is visible; use {key}=cpu or auto")
     return requested
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a block at ``n`` torch intra-op threads, restoring the number after: torch's CPU
+    reductions split a tensor of more than 32768 elements over the threads, so a timing or a
+    last bit depends on their number."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

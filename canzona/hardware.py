@@ -326,9 +326,9 @@ class Hardware:
         busy (the simulator stretches it on an oversubscribed CPU and charges it to the host
         where communication does not overlap compute): on a GPU the transfer; on a CPU (gloo)
         the link's latency too -- the calls' dispatch, gloo's thread hand-offs and loopback
-        syscalls run on the rank's cores (charging it moved the README's first sweep's error at
-        dp 2 x tp 2 from 15-36 % to 4-30 %, docs/results.md) -- and only a scheduling wait for
-        peers (`oversubscribed`) is spent idle."""
+        syscalls run on the rank's cores (charging it moved the README's first sweep's iteration
+        error at dp 2 x tp 2 from 12-19 % to 6-12 %, docs/results.md) -- and only a scheduling wait
+        for peers (`oversubscribed`) is spent idle."""
         if kind not in COLLECTIVES:
             raise ValueError(f"unknown collective {kind!r}")
         latency, transfer = self.links[level or self.level(ranks)][kind].parts(kind, len(ranks), nbytes)

@@ -140,10 +140,7 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
         **{k: basics[k] for k in ("adamw_seconds_per_element", "adamw_tensor_overhead_s", "apply_seconds_per_element",
                                   "apply_call_overhead_s", "copy_seconds_per_byte", "copy_call_overhead_s",
                                   "norm_seconds_per_byte", "norm_call_overhead_s", "scale_seconds_per_byte",
-                                  "scale_call_overhead_s") if k in basics},
-        **({"grad_add_seconds_per_element": {d: basics[f"grad_add_seconds_per_element_{d}"]
-                                              for d in ("float32", "bfloat16")}}
-           if "grad_add_seconds_per_element_float32" in basics else {}),
+                                  "scale_call_overhead_s", "grad_add_seconds_per_element") if k in basics},
         "model": model,
         "collectives": collectives,
         "notes": notes,

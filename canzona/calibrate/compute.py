@@ -17,7 +17,7 @@ from canzona.hardware import refresh_flops, steady_flops
 Sync = Callable[[bool], bool]
 
 
-def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, float]:
+def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, Any]:
     """Matmul rates, copies, AdamW and apply per element / per call. A GPU gets larger operands:
     at CPU sizes its kernels would measure launch overhead, not rates."""
     import torch
@@ -27,7 +27,7 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, float
 
     dev = clock.device
     gpu = clock.cuda
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     n = (2048 if quick else 4096) if gpu else (384 if quick else 768)
     a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
     clock.time(lambda: a @ b)
@@ -72,12 +72,13 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, float
     # a gradient landing in the executor's fp32 buffer (`canzona.executor.buffer`: grad_view.add_(grad)),
     # per element and per training dtype: a bf16 gradient's mixed-dtype add runs about twice the
     # fp32 one on an AMX Xeon (0.54 against 0.28 ns in cache; 1.8-2.2 ns from 8M elements on)
-    main = sets[1][0]
+    main, grad_add = sets[1][0], {}
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         g = sets[1][1].to(dtype)
         clock.time(lambda g=g: main.add_(g))
-        out[f"grad_add_seconds_per_element_{name}"] = clock.median(lambda g=g: main.add_(g), 5, 0.5, sync) / elems
+        grad_add[name] = clock.median(lambda g=g: main.add_(g), 5, 0.5, sync) / elems
         del g
+    out["grad_add_seconds_per_element"] = grad_add
     p, u = sets[0][0], torch.randn(elems, device=dev)
     out["apply_seconds_per_element"] = clock.median(lambda: apply_update(p, u, 1e-3, 0.01), 5, 0.5, sync) / elems
     ut = torch.randn(64, device=dev)
@@ -98,20 +99,21 @@ def _pass_rates(name: str, run: Callable[[list], Any], big: Any, tiny: list, clo
 
 
 def time_update_tables(optimizers: tuple[str, ...] | list[str], shapes: list[tuple[int, int]], budget_s: float,
-                       quick: bool, freq: int, flops_rate: float, clock: Clock, required: int = 0,
-                       sync: Sync = solo, ns_dtype: str = "float32",
-                       rates: dict[str, float] | None = None) -> dict[str, Any]:
+                       quick: bool, freq: int, rates: dict[str, float], clock: Clock, required: int = 0,
+                       sync: Sync = solo, ns_dtype: str = "float32") -> dict[str, Any]:
     """A hardware file's optimizer tables (``batched``, ``updates``, ``update_overhead_s``,
     ``eigh_flops_per_s``): per optimizer and shape, steady slope / overhead (batch 1 and 4) and
     refresh seconds; the first ``required`` shapes are timed even past the budget.
     ``sync(go) -> go`` agrees on every go / skip decision across the calibrating processes (and
     lines them up), so they time the same shapes at the same moments, as a trial's ranks run
     their steps. Muon is timed with its Newton-Schulz in ``ns_dtype`` (the file says which: the
-    simulator rescales to another dtype by the matmul rates); ``rates`` (matmul flop/s per dtype)
-    prices a shape against the budget in its optimizer's matmul dtype, ``flops_rate`` where absent.
+    simulator rescales to another dtype by the matmul rates); ``rates`` (matmul flop/s per dtype,
+    ``float32`` at least) prices a shape against the budget in its optimizer's matmul dtype, and
+    the refreshes' eigendecompositions at the fp32 rate.
     (The calibration cache's per-kernel table is `canzona.calibrate.kernels.time_kernel_updates`'s.)"""
     import torch
 
+    from canzona.optim import registry
     from canzona.optim.registry import make_rule
     from canzona.optim.section import OptimizerSection
 
@@ -120,11 +122,10 @@ def time_update_tables(optimizers: tuple[str, ...] | list[str], shapes: list[tup
     small = 0.02  # below this, also time a batch of 4 to split per-call overhead from slope
     refresh_cap = 0.05 if quick else 0.6
     batched: dict[str, dict[str, dict[str, float]]] = {o: {} for o in optimizers}
-    from canzona.optim import registry
-
+    flops_rate = rates["float32"]
     sections = {o: OptimizerSection(name=o, precondition_frequency=freq, ns_dtype=ns_dtype) for o in optimizers}
     rules = {o: make_rule(sec, "matrix") for o, sec in sections.items()}
-    rate_of = {o: (rates or {}).get(registry.get(o).matmul_dtype(sec), flops_rate) for o, sec in sections.items()}
+    rate_of = {o: rates.get(registry.get(o).matmul_dtype(sec), flops_rate) for o, sec in sections.items()}
     # Muon's opt-in stacked Newton–Schulz (optimizer.batch_equal_shapes): timed on a batch of 4
     stacked = (make_rule(OptimizerSection(name="muon", batch_equal_shapes=True, ns_dtype=ns_dtype), "matrix")
                if "muon" in rules else None)
@@ -223,6 +224,6 @@ def measure_compute(opts: Options, device: Any, sync: Sync = solo) -> dict[str, 
     basics = time_basics(opts.quick, clock, sync)
     rates = {"float32": basics["matmul_float32"], "bfloat16": basics["matmul_bfloat16"]}
     upd = time_update_tables(opts.optimizers, calibration_shapes(opts.width_divs), opts.budget_s, opts.quick,
-                             opts.precondition_frequency, basics["matmul_float32"], clock, len(local_sweep_shapes()), sync,
-                             ns_dtype=opts.ns_dtype_for(clock.device.type), rates=rates)
+                             opts.precondition_frequency, rates, clock, len(local_sweep_shapes()), sync,
+                             ns_dtype=opts.ns_dtype_for(clock.device.type))
     return {"basics": basics, "updates": upd}

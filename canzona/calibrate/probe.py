@@ -25,9 +25,9 @@ def speed_probe() -> float:
     """Flops per second of an N×N fp32 matmul on this thread (median of ``BATCHES`` batches)."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    from canzona.devices import torch_threads
+
+    with torch_threads(1):
         g = torch.Generator().manual_seed(0)
         a, b = torch.randn(N, N, generator=g), torch.randn(N, N, generator=g)
         a @ b
@@ -37,6 +37,4 @@ def speed_probe() -> float:
             for _ in range(BATCH):
                 a @ b
             times.append((time.perf_counter() - t0) / BATCH)
-    finally:
-        torch.set_num_threads(threads)
     return 2.0 * N**3 / statistics.median(times)

@@ -35,12 +35,13 @@ Adam-managed parameters of ``megatron_layerwise`` (embeddings and norms) are che
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
 
 import pytest
 import torch
+
+from canzona.devices import torch_threads
 
 pytestmark = [pytest.mark.slow, pytest.mark.peers]
 
@@ -82,21 +83,9 @@ def _is_matrix(name: str, t: torch.Tensor) -> bool:
     return t.ndim == 2 and not name.startswith(("embedding.", "output_layer."))
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """The reference at the ranks' one intra-op thread: torch's CPU reductions (Newton–Schulz's
-    Frobenius norm) split a tensor of more than 32768 elements over the threads, so the norm's
-    last bit depends on their number (fc1 at two threads: 1.7e-8 off)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _reference(cfg, snap, dp: int, tp: int, blockwise: bool = False, dtype=torch.float32):
-    with _one_thread():
+    # at the ranks' one intra-op thread: Newton–Schulz's Frobenius norm of fc1 came 1.7e-8 off at two
+    with torch_threads(1):
         return _reference_steps(cfg, snap, dp, tp, blockwise, dtype)
 
 
