@@ -30,6 +30,8 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
     copy_call_overhead_s: s
     grad_add_seconds_per_element: {float32: s, bfloat16: s}  # a gradient landing in the fp32 buffer
                                            # (calibrated; else 1.5 copies of fp32 bytes)
+    cast_seconds_per_element: {float32: s, bfloat16: s}  # fp32 main params cast into the model's
+                                           # (calibrated; else a copy of fp32 bytes)
     norm_seconds_per_byte: s               # gradient clipping's norm pass (calibrated; else a copy)
     norm_call_overhead_s: s
     scale_seconds_per_byte: s              # gradient clipping's in-place scaling (likewise)
@@ -226,6 +228,7 @@ class Hardware:
         self.copy_s_per_byte = float(data.get("copy_seconds_per_byte", 2.0 / self.memory_Bps))
         self.copy_call_overhead_s = float(data.get("copy_call_overhead_s", 0.0))
         self.grad_add_s_per_elem = {str(k): float(v) for k, v in (data.get("grad_add_seconds_per_element") or {}).items()}
+        self.cast_s_per_elem = {str(k): float(v) for k, v in (data.get("cast_seconds_per_element") or {}).items()}
         # gradient clipping's norm (a read) and in-place scaling: calibrated on a CPU; a file
         # without them prices each as one copy pass (spec-derived GPU files)
         self.pass_rates = {k: (float(data[f"{k}_seconds_per_byte"]), float(data.get(f"{k}_call_overhead_s", 0.0)))
@@ -447,6 +450,15 @@ class Hardware:
         if rate is None:
             return self.copy(copy_factor * 4 * numel)
         return self.copy_call_overhead_s + numel * rate
+
+    def cast(self, numel: float, dtype: str, calls: int = 1) -> float:
+        """Seconds of the fp32 main parameters cast into the model's ``dtype`` (``CopyToModel``)
+        in ``calls`` ranges: the calibrated rate where the file has it, else a copy of fp32 bytes
+        (a bf16 destination writes half of that: on a GPU the copy prices it about 1.6x high)."""
+        rate = self.cast_s_per_elem.get(dtype)
+        if rate is None:
+            return self.copy(4 * numel, calls)
+        return calls * self.copy_call_overhead_s + numel * rate
 
     def grad_pass(self, kind: str, nbytes: float, calls: int = 1) -> float:
         """Seconds of gradient clipping's ``norm`` or ``scale`` pass over ``nbytes`` of fp32

@@ -50,9 +50,11 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 5  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+CALIBRATION_FORMAT = 6  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
 # 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``;
-# 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``)
+# 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``);
+# 6: the step's passes (norm, scale, AdamW, apply) timed with cold caches on a CPU, AdamW without
+#    an extra pass over its second moment, the fp32 -> model cast per dtype (``cast_seconds_per_element``)
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -140,7 +142,8 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
         **{k: basics[k] for k in ("adamw_seconds_per_element", "adamw_tensor_overhead_s", "apply_seconds_per_element",
                                   "apply_call_overhead_s", "copy_seconds_per_byte", "copy_call_overhead_s",
                                   "norm_seconds_per_byte", "norm_call_overhead_s", "scale_seconds_per_byte",
-                                  "scale_call_overhead_s", "grad_add_seconds_per_element") if k in basics},
+                                  "scale_call_overhead_s", "grad_add_seconds_per_element", "cast_seconds_per_element")
+           if k in basics},
         "model": model,
         "collectives": collectives,
         "notes": notes,

@@ -46,13 +46,16 @@ class Clock:
         return start.elapsed_time(end) / 1e3, result
 
     def median(self, fn: Callable[[], Any], repeats: int, cap_s: float,
-               sync: Callable[[bool], bool] = solo) -> float:
+               sync: Callable[[bool], bool] = solo, before: Callable[[], Any] | None = None) -> float:
         """Typical time of fn(): the median of up to ``repeats`` runs (stops early past ``cap_s``
         in total). The median, not the minimum: trials run on a machine that is not quiet
-        either. ``sync`` first lines the calibrating processes up, so they time the work at once."""
+        either. ``sync`` first lines the calibrating processes up, so they time the work at once;
+        ``before`` runs untimed ahead of each run (`cold_caches`)."""
         sync(True)
         times: list[float] = []
         for _ in range(repeats):
+            if before is not None:
+                before()
             times.append(self.time(fn))
             if sum(times) > cap_s:
                 break

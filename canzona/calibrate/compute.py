@@ -37,62 +37,102 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, Any]:
     out["matmul_bfloat16"] = 2 * n**3 / clock.median(lambda: ab @ bb, 3, 1.0, sync)
     # a GPU's elementwise kernels reach their bandwidth only on large tensors: 2^24 elements
     # (64 MB) priced the fused AdamW at 16 ps/element on an H200, the trials ran at 9 (2026-12-04)
-    elems = (1 << 26) if gpu else ((1 << 18) if quick else (1 << 20))
+    # A step's passes over the gradient, the moments and the parameters find them out of cache:
+    # backward and the reductions ran in between. Timed warm on a CPU, they came out about half
+    # what the trials measured: they are timed cold (`cold_caches`), on 4 MB tensors (out of L2);
+    # the warm copies (collective packing, a gradient landing) on tensors of their trial sizes
+    elems = (1 << 26) if gpu else (1 << 20)
+    warm = (1 << 26) if gpu else ((1 << 18) if quick else (1 << 20))
+    cold = cold_caches(dev)
     x, y = torch.randn(elems, device=dev), torch.randn(elems, device=dev)
-    t = clock.median(lambda: torch.cat([x, y]), 5, 0.5, sync)
+    # into a buffer allocated once, as the executor's packing does: a fresh output's page faults
+    # (how many depends on the allocator's state, 6x in gVisor) are no copy's cost
+    xw, yw, both = x[:warm], y[:warm], torch.empty(2 * warm, device=dev)
+    t = clock.median(lambda: torch.cat([xw, yw], out=both), 5, 0.5, sync)
     tiny = [torch.randn(64, device=dev) for _ in range(32)]
-    t_tiny = clock.median(lambda: [torch.cat([v, v]) for v in tiny], 5, 0.5, sync)
-    out["copy_seconds_per_byte"] = t / (2 * elems * 4)
+    pair = torch.empty(128, device=dev)
+    t_tiny = clock.median(lambda: [torch.cat([v, v], out=pair) for v in tiny], 5, 0.5, sync)
+    out["copy_seconds_per_byte"] = t / (2 * warm * 4)
     out["copy_call_overhead_s"] = max(0.0, t_tiny / 32 - 2 * 64 * 4 * out["copy_seconds_per_byte"])
     # gradient clipping's two passes over the fp32 gradient, as the executor runs them
     # (`canzona.optim.clip`): the multi-tensor norm (a read) and the in-place scaling
-    out.update(_pass_rates("norm", lambda ts: torch._foreach_norm(ts), x, tiny, clock, sync))
-    out.update(_pass_rates("scale", lambda ts: torch._foreach_mul_(ts, 0.999), x, tiny, clock, sync))
+    out.update(_pass_rates("norm", lambda ts: torch._foreach_norm(ts), x, tiny, clock, sync, cold))
+    out.update(_pass_rates("scale", lambda ts: torch._foreach_mul_(ts, 0.999), x, tiny, clock, sync, cold))
     # AdamW as the executor's elementwise step runs it (`canzona.optim.adamw.fused_adamw_step`:
-    # one fused kernel over a call's tensors); three sets of (param, grad, moments) used in turn,
-    # so that each call starts with cold caches
+    # one fused kernel over a call's tensors). The second moment starts non-negative and stays so:
+    # nothing but the step is timed (an abs_() inside the timed call had added a fifth of a pass)
+    p, g, m, v = (torch.randn(elems, device=dev) for _ in range(4))
+    v.abs_()
     adam = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
-    sets = [[torch.randn(elems, device=dev) for _ in range(4)] for _ in range(3)]
-    turn = [0]
+    tiny4 = [[torch.randn(64, device=dev).abs_() for _ in range(32)] for _ in range(4)]
 
     def adam_big() -> None:
-        p, g, m, v = sets[turn[0] % 3]
-        turn[0] += 1
-        fused_adamw_step([p], [g], [m], [v.abs_()], 2, **adam)
-
-    tiny4 = [[torch.randn(64, device=dev).abs_() for _ in range(32)] for _ in range(4)]
+        fused_adamw_step([p], [g], [m], [v], 2, **adam)
 
     def adam_tiny() -> None:  # one call over 32 tensors: the per-tensor cost inside a call
         fused_adamw_step(*tiny4, 2, **adam)
 
     clock.time(adam_big)
-    out["adamw_seconds_per_element"] = clock.median(adam_big, 5, 1.0, sync) / elems
+    out["adamw_seconds_per_element"] = clock.median(adam_big, 5, 1.0, sync, cold) / elems
     out["adamw_tensor_overhead_s"] = max(0.0, clock.median(adam_tiny, 5, 0.5, sync) / 32
                                          - 64 * out["adamw_seconds_per_element"])
-    # a gradient landing in the executor's fp32 buffer (`canzona.executor.buffer`: grad_view.add_(grad)),
-    # per element and per training dtype: a bf16 gradient's mixed-dtype add runs about twice the
-    # fp32 one on an AMX Xeon (0.54 against 0.28 ns in cache; 1.8-2.2 ns from 8M elements on)
-    main, grad_add = sets[1][0], {}
+    # per training dtype: a gradient landing in the executor's fp32 buffer
+    # (`canzona.executor.buffer`: grad_view.add_(grad); a bf16 gradient's mixed-dtype add runs
+    # about twice the fp32 one on an AMX Xeon), timed warm (the gradient was just computed), and
+    # the fp32 main parameters cast into the model's (`CopyToModel`: param.copy_(main)), cold
+    grad_add, cast = {}, {}
+    landing = m[:warm]
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        g = sets[1][1].to(dtype)
-        clock.time(lambda g=g: main.add_(g))
-        grad_add[name] = clock.median(lambda g=g: main.add_(g), 5, 0.5, sync) / elems
-        del g
+        low = g.to(dtype)
+        clock.time(lambda low=low: landing.add_(low[:warm]))
+        grad_add[name] = clock.median(lambda low=low: landing.add_(low[:warm]), 5, 0.5, sync) / warm
+        cast[name] = clock.median(lambda low=low: low.copy_(p), 5, 0.5, sync, cold) / elems
+        del low
     out["grad_add_seconds_per_element"] = grad_add
-    p, u = sets[0][0], torch.randn(elems, device=dev)
-    out["apply_seconds_per_element"] = clock.median(lambda: apply_update(p, u, 1e-3, 0.01), 5, 0.5, sync) / elems
+    out["cast_seconds_per_element"] = cast
+    u = torch.randn(elems, device=dev)
+    out["apply_seconds_per_element"] = clock.median(lambda: apply_update(p, u, 1e-3, 0.01), 5, 0.5, sync, cold) / elems
     ut = torch.randn(64, device=dev)
     t_ap = clock.median(lambda: [apply_update(q, ut, 1e-3, 0.01) for q in tiny4[0]], 5, 0.5, sync)
     out["apply_call_overhead_s"] = max(0.0, t_ap / 32 - 64 * out["apply_seconds_per_element"])
     return out
 
 
+def cold_caches(device: Any) -> Callable[[], None] | None:
+    """What runs before each timed pass so that it finds its operands out of cache, as a trial's
+    optimizer step does after backward: on a CPU, one write through a buffer the size of the
+    last-level cache (32-256 MiB; sysfs's figure, 256 MiB where it has none). Measured on this
+    project's 2-core Xeon VM, 2^20 fp32 elements: the norm 0.18 ns/element warm, 0.46-0.51
+    after 128-512 MB written elsewhere; the trials' 0.36-0.5. None on a GPU: its operands
+    (2^26 elements) are already several times its L2."""
+    import torch
+
+    if torch.device(device).type != "cpu":
+        return None
+    junk = torch.zeros(_last_level_cache_bytes() // 4)
+    return lambda: junk.add_(1.0)
+
+
+def _last_level_cache_bytes(floor: int = 32 << 20, cap: int = 256 << 20) -> int:
+    from pathlib import Path
+
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        try:
+            sizes.append(int(text.rstrip("KMG")) * units.get(text[-1:], 1))
+        except ValueError:
+            continue
+    return min(cap, max(floor, max(sizes, default=cap)))
+
+
 def _pass_rates(name: str, run: Callable[[list], Any], big: Any, tiny: list, clock: Clock,
-                sync: Sync) -> dict[str, float]:
+                sync: Sync, cold: Callable[[], None] | None = None) -> dict[str, float]:
     """``<name>_seconds_per_byte`` and ``<name>_call_overhead_s`` of one pass over fp32 tensors
-    (``run`` on a list of tensors): one large tensor, then 32 tiny ones."""
+    (``run`` on a list of tensors): one large tensor (after ``cold``), then 32 tiny ones."""
     clock.time(lambda: run([big]))
-    per_byte = clock.median(lambda: run([big]), 5, 0.5, sync) / (big.numel() * 4)
+    per_byte = clock.median(lambda: run([big]), 5, 0.5, sync, cold) / (big.numel() * 4)
     t_tiny = clock.median(lambda: [run([v]) for v in tiny], 5, 0.5, sync)
     return {f"{name}_seconds_per_byte": per_byte,
             f"{name}_call_overhead_s": max(0.0, t_tiny / len(tiny) - tiny[0].numel() * 4 * per_byte)}

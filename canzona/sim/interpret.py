@@ -398,9 +398,9 @@ class ProgramSim:
             kind, 4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges)))
 
     def _copy_to_model_op(self, a: CopyToModel, r: int) -> tuple[tuple, bool]:
-        """fp32 main -> model parameters."""
-        return self._host_op(a, ("pass", type(a).__name__, a.ranges), lambda: self.hw.copy(
-            4 * sum(e - s for s, e in a.ranges), calls=len(a.ranges)))
+        """fp32 main -> model parameters (in the training dtype)."""
+        return self._host_op(a, ("pass", type(a).__name__, a.ranges), lambda: self.hw.cast(
+            sum(e - s for s, e in a.ranges), self.plan.execution.dtype, calls=len(a.ranges)))
 
     _COMPILE = dispatch_table({
         (Forward, Backward): _lockstep_op, Wait: _wait_op, Mark: _mark_op, TRANSFER_TYPES: _issue_op, GramCompute: _gram_op,

@@ -272,6 +272,18 @@ def test_a_gradient_lands_at_its_calibrated_rate_per_dtype() -> None:
     assert extra == pytest.approx(numel * 4e-9)  # the toy file's copies cost nothing
 
 
+def test_the_main_parameters_are_cast_into_the_model_at_their_calibrated_rate() -> None:
+    """``CopyToModel`` (fp32 main -> the model's bf16 parameters) priced per element in the
+    training dtype where the file calibrated it, else as a copy of the fp32 bytes."""
+    cfg = load_config(TINY + ["method=adamw", "train.dtype=bf16"])
+    copy = project(cfg, toy_hardware(copy_seconds_per_byte=1e-9))
+    cast = project(cfg, toy_hardware(copy_seconds_per_byte=1e-9,
+                                     cast_seconds_per_element={"float32": 1e-9, "bfloat16": 2e-9}))
+    numel = sum(p.numel for p in make_plan(cfg, device="cuda").params)  # the buffer pads a little more
+    assert copy["phases_ms"]["apply"] == pytest.approx(numel * 4e-9 * 1e3, rel=1e-3)
+    assert cast["phases_ms"]["apply"] == pytest.approx(copy["phases_ms"]["apply"] / 2)
+
+
 # ---------------------------------------------------------------- the iteration
 def test_one_rank_step_is_the_sum_of_its_updates() -> None:
     cfg = load_config(TINY + ["method=canzona"])
