@@ -4,6 +4,7 @@ compute, between the calibration's processes (gloo on CPU, NCCL between two GPUs
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -74,20 +75,30 @@ def time_collectives(world: int, quick: bool, clock: Clock) -> dict[str, list[li
     return samples
 
 
-def time_overlap(quick: bool, clock: Clock) -> dict[str, float]:
+def time_overlap(quick: bool, clock: Clock,
+                 work: tuple[Callable[[], Any], Callable[[], Any]] | None = None) -> dict[str, Any]:
     """Compute alone, an all-reduce alone, and both (async comm issued first): the fraction of
-    the shorter one that the overlap hides."""
+    the shorter one that the overlap hides, each the median of its runs, the slowest rank's.
+
+    ``work`` = (prepare, compute): what to overlap, ``prepare`` untimed before each run -- a
+    model's forward before its backward (`canzona.calibrate.model_pass.backward_work`), what a
+    trial's gradient reductions run beside; without it, fp32 matmuls. On this project's 2-core
+    VM the two differ: 0.46 beside the matmuls, 0 to 0.25 beside the backward (a 16 MB all-reduce
+    in gloo, whose copies need the cores the backward keeps busy), as trials measured (an
+    overlapped gradient reduction hid nothing there, docs/results.md)."""
     import torch
     import torch.distributed as dist
 
-    n, elems = (2048, 1 << 26) if clock.cuda else (256, 1 << 20)
+    n, elems = (2048, 1 << 26) if clock.cuda else (256, (1 << 22) if work else (1 << 20))
     a = torch.randn(n, n, device=clock.device) / n**0.5
     reps = 20 if quick else 60
     buf = torch.randn(elems, device=clock.device)
 
-    def compute() -> None:
+    def matmuls() -> None:
         for _ in range(reps):
             a @ a
+
+    prepare, compute = work if work is not None else ((lambda: None), matmuls)
 
     def comm() -> None:
         dist.all_reduce(buf)
@@ -99,14 +110,17 @@ def time_overlap(quick: bool, clock: Clock) -> dict[str, float]:
 
     res = {}
     for name, fn in (("compute", compute), ("comm", comm), ("both", both)):
+        prepare()
         fn()
         ts = []
-        for _ in range(3):
+        for _ in range(3 if quick else 5):
+            prepare()
             dist.barrier()
             ts.append(clock.time(fn))
-        t = torch.tensor([min(ts)], device=clock.device)
+        t = torch.tensor([statistics.median(ts)], device=clock.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         res[name] = float(t)
     hidden = res["compute"] + res["comm"] - res["both"]
     res["overlap"] = float(min(1.0, max(0.0, hidden / max(1e-12, min(res["compute"], res["comm"])))))
+    res["against"] = "backward" if work is not None else "matmul"
     return res

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from canzona.calibrate.clock import Clock
@@ -64,3 +65,28 @@ def time_model(rank: int, world: int, clock: Clock) -> list[dict[str, Any]]:
                        "flops": forward_flops(mcfg, 1, mb, seq), "forward_s": statistics.median(fwd),
                        "backward_s": statistics.median(bwd)})
     return points
+
+
+def backward_work(rank: int, world: int, clock: Clock) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(prepare, run): a forward of the model at the local sweep's size, then its backward: the
+    compute that a trial's gradient reductions overlap (`canzona.calibrate.comm.time_overlap`)."""
+    import torch
+
+    from canzona.model.data import synthetic_batch
+    from canzona.model.qwen3 import build_model
+
+    name, div, layers, mb, seq = (GPU_POINTS if clock.cuda else CPU_POINTS)[2]
+    mcfg = model_config(name, div, layers)
+    dtype = torch.bfloat16 if pass_dtype(clock.device.type) == "bfloat16" else torch.float32
+    model = build_model(mcfg, device=clock.device, seed=0, dtype=dtype)
+    tokens, labels = (t.to(clock.device) for t in synthetic_batch(mcfg, mb, seq, 0, 0, rank, world))
+    graph: dict[str, Any] = {}
+
+    def prepare() -> None:
+        graph["loss"] = model(tokens, labels)
+
+    def run() -> None:
+        graph.pop("loss").backward()
+        model.zero_grad(set_to_none=True)
+
+    return prepare, run

@@ -18,7 +18,7 @@ from typing import Any
 from canzona.calibrate.clock import Clock
 from canzona.calibrate.comm import time_collectives, time_overlap
 from canzona.calibrate.compute import measure_compute
-from canzona.calibrate.model_pass import time_model
+from canzona.calibrate.model_pass import backward_work, time_model
 from canzona.calibrate.settings import Options
 from canzona.net import free_port
 
@@ -47,7 +47,11 @@ def worker(rank: int, world: int, port: int, opts: Options, device_kind: str, ou
         clock = Clock(ctx.device)
         if opts.collectives and world > 1:
             result["collectives"] = time_collectives(world, opts.quick, clock)
-            result["overlap"] = time_overlap(opts.quick, clock)
+            # against the model's backward where the model is timed (what the gradient
+            # reductions overlap in a trial), else against matmuls
+            work = backward_work(rank, world, clock) if opts.model else None
+            result["overlap"] = time_overlap(opts.quick, clock, work)
+            del work
         if opts.model:
             result["model"] = time_model(rank, world, clock)
         if rank == 0:

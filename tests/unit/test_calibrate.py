@@ -98,6 +98,8 @@ def test_quick_calibration_cli_with_gloo_collectives(quick_calibration) -> None:
     assert len(data["calibration"]["collective_samples"]["all_reduce"]) >= 3
     assert data["calibration"]["collectives_source"] == "measured" and data["notes"] == []
     assert 0.0 <= data["compute"]["overlap"] <= 1.0
+    # without the model timed (model=false, quick's default) the overlap is measured against matmuls
+    assert data["calibration"]["overlap_measurement"]["against"] == "matmul"
     # the contended collectives (canzona.calibrate.contended): measured where 2 x cores processes fit
     cores, contended = data["device"]["cores"], data["calibration"]["contended_measurement"]
     if 2 * cores <= 8:
