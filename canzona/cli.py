@@ -51,10 +51,19 @@ def usage(name: str) -> str:
     return " | ".join(form.strip() for form in command(name).usage.splitlines())
 
 
+def say(line: str) -> None:
+    """Write ``line`` and its newline to stderr in one ``write`` and flush it: the ranks of a
+    torchrun launch share one stderr pipe, and ``print`` writes the text and the newline apart,
+    which an unbuffered stderr (``PYTHONUNBUFFERED``) sends as two writes that another rank's line
+    can land between. One write of under ``PIPE_BUF`` bytes to a pipe is atomic."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def refuse(problem: object) -> int:
     """Report a misuse as one line ``error: <problem>`` on stderr; returns `MISUSE`."""
-    print(f"error: {problem}", file=sys.stderr)
+    say(f"error: {problem}")
     return MISUSE
 
 
-__all__ = ["HELP", "MISUSE", "refuse", "run_command", "usage"]
+__all__ = ["HELP", "MISUSE", "refuse", "run_command", "say", "usage"]

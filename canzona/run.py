@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from canzona.cli import refuse, run_command
+from canzona.cli import refuse, run_command, say
 from canzona.config import parse_cli
 from canzona.errors import ConfigError
 from canzona.launch_env import launched_externally
@@ -86,7 +86,7 @@ def _run(argv: list[str]) -> int:
     except ConfigError:
         raise  # a misuse a rank found: `run_command`'s one line, exit 2
     except Exception as e:  # noqa: BLE001 - report any rank failure as one trial failure
-        print(failure_text(e), file=sys.stderr)
+        say(failure_text(e))
         return 1
     if summary is not None:
         print(
@@ -140,7 +140,7 @@ def dry_run_main(cfg, out: Path) -> int:
         return refuse(e)
     if report["errors"]:
         for e in report["errors"]:
-            print(f"error: dry run: {e}", file=sys.stderr)
+            say(f"error: dry run: {e}")
         return 1
     print(format_table(report), end="")
     print(f"dry run report in {out} ({report['seconds']:.0f} s)")

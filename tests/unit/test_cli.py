@@ -4,6 +4,7 @@ its generated help and a bad key with one ``error:`` line and exit 2, through `r
 from __future__ import annotations
 
 import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,26 @@ def test_no_command_keeps_its_own_shell() -> None:
         if "command_help(" in text or 'print(f"error: {e}"' in text:
             own.append(str(path.relative_to(ROOT)))
     assert own == []
+
+
+def test_an_error_line_reaches_stderr_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks of a torchrun launch share one stderr pipe; ``print`` wrote the text and its
+    newline apart, and CI once read one rank's line glued to the other's. `refuse` writes each
+    line whole, so the pipe's atomic writes keep the lines apart."""
+    import io
+
+    class Recorder(io.RawIOBase):
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b) -> int:  # type: ignore[override]
+            self.writes.append(bytes(b))
+            return len(b)
+
+    raw = Recorder()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(raw, write_through=True, line_buffering=True))
+    assert refuse("out=x: cannot write there") == 2
+    assert raw.writes == [b"error: out=x: cannot write there\n"]
