@@ -21,8 +21,9 @@ from analysis.stats import METHODS, METRICS, PHASES, method_order  # noqa: E402
 METHOD_COLORS = {"canzona": "#1b9e77", "atomic": "#a6761d", "sync": "#d95f02", "layerwise": "#7570b3",
                  "adamw": "#666666"}
 CAT_COLORS = {"compute": "#2a9d8f", "comm": "#e76f51", "wait": "#c9c9c9", "model": "#8da0cb"}
-# as many distinct colours as phases ("other" included): tab10 has ten, one short
-PHASE_COLORS = dict(zip([*PHASES, "other"], [*sns.color_palette("tab10", 10).as_hex(), "#c7c7c7"]))
+# a distinct colour per phase, then grey for "other"; the barrier (a wait, like "other") in a light grey
+PHASE_COLORS = {**dict(zip([p for p in PHASES if p != "barrier"], sns.color_palette("tab10", 10).as_hex())),
+                "barrier": "#e0e0e0", "other": "#c7c7c7"}
 # methods without a colour of their own (the ladder's rungs, other DP x TP pairs), in order
 EXTRA_COLORS = ("#e7298a", "#66a61e", "#e6ab02", "#1f78b4", "#b15928", "#6a3d9a", "#fb9a99", "#17becf")
 OPTIMIZER_MARKERS = {"muon": "o", "shampoo": "s", "soap": "^", "adamw": "D"}

@@ -195,6 +195,10 @@ class DistSection:
                                               "(Megatron's --overlap-grad-reduce)")
     overlap_param_gather: bool = setting(True, "gather updated parameters during the next forward, each bucket "
                                                "awaited by the first module using it (--overlap-param-gather)")
+    step_barrier: bool = setting(True, "every rank waits at a barrier before its optimizer step's timer starts, "
+                                       "as Megatron's timers do by default (--barrier-with-L1-time): the step "
+                                       "leaves out the ranks' skew on arriving, booked as phase barrier; false: "
+                                       "each rank's step starts when its own gradients are reduced")
     timeout_s: float = setting(300.0, "process-group timeout, seconds")
     threads_per_rank: int | None = setting(None, "torch threads per rank; null: the cores shared among the ranks")
     dry_run: bool = setting(False, "fake-device dry run: run dist.dry_run_ranks of the job here on fake CUDA "
@@ -290,8 +294,19 @@ RENAMED = {
 
 
 def read_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """A config dict from a trial's records, whenever written, with today's key names."""
-    return upgrade_keys(raw, RENAMED)
+    """A config dict from a trial's records, whenever written, with today's key names and the
+    settings it ran with where a default changed since (`RECORDED_BEFORE`)."""
+    out = upgrade_keys(raw, RENAMED)
+    for dotted, then in RECORDED_BEFORE.items():
+        section, leaf = dotted.split(".")
+        if isinstance(out.get(section), dict) and leaf not in out[section]:
+            out[section] = {**out[section], leaf: then}
+    return out
+
+
+# Keys added with a default that changes what a trial does, each with what trials did before it
+# existed: a config recorded without the key (every key is recorded) ran that way.
+RECORDED_BEFORE: dict[str, Any] = {"dist.step_barrier": False}
 
 
 # Keys added after trial ids were first recorded, each with the value that describes a trial
@@ -308,6 +323,9 @@ ID_NEUTRAL: dict[str, Any] = {
     "optimizer.batch_equal_shapes": False,
     "peer.tp_mode": "blockwise",
     "peer.ns_matmul_prec": None,
+    # the timer barrier's default (true) changes what a multi-rank trial measures: a new id; a trial
+    # recorded before it existed ran without one (`RECORDED_BEFORE`) and keeps its id
+    "dist.step_barrier": False,
 }
 
 

@@ -44,6 +44,8 @@ STEP_FIELDS = (
     "forward_ms",
     "backward_ms",  # includes reduction work issued from hooks that overlapped backward
     "grad_reduce_ms",  # exposed (not hidden behind backward) gradient reduction
+    "barrier_ms",  # the wait at the barrier before the step's timer starts (`dist.step_barrier`): the
+    #                ranks' skew on arriving, outside the step as in Megatron's timers
     "clip_grad_ms",  # gradient-norm clipping inside the optimizer step: local norm, its all-reduce, scaling
     "optimizer_step_ms",  # docs/design.md §6: grads reduced -> every owned param updated
     "step_start_ms",  # where this rank's optimizer step begins on the clock of its `events` (ms from
@@ -65,7 +67,7 @@ STEP_FIELDS = (
 )
 
 # The phases every rank's step is split into (`*_ms` columns of steps.jsonl, in timeline order).
-PHASES = ("forward", "backward", "grad_reduce", "clip_grad", "gather", "compute", "scatter", "apply", "param_sync",
+PHASES = ("forward", "backward", "grad_reduce", "barrier", "clip_grad", "gather", "compute", "scatter", "apply", "param_sync",
           "wait")
 
 # Phase name -> timeline event category (the colour a Gantt chart gives it); shared by the
@@ -74,6 +76,7 @@ CATEGORY = {
     "forward": "model",
     "backward": "model",
     "grad_reduce": "comm",
+    "barrier": "wait",
     "clip_grad": "compute",
     "gather": "comm",
     "compute": "compute",

@@ -31,6 +31,7 @@ from canzona.program.actions import (
     Comm,
     NormReduce,
     OwnedParamsGather,
+    StepBarrier,
     TpAllGather,
     TpGather,
     TpScatter,
@@ -173,6 +174,9 @@ class Communicator:
         if isinstance(a, NormReduce):
             total = results[a.source].clone()
             return Pending([self._all_reduce(a.tag, a.axis, total)], lambda: total, (total,))
+        if isinstance(a, StepBarrier):
+            token = torch.zeros(1, device=self.device)
+            return Pending([self._all_reduce(a.tag, a.axis, token)], lambda: None, (token,))
         raise TypeError(f"not a communication action: {a!r}")
 
     def _bucket_reduce(self, a: BucketReduce, buf: torch.Tensor) -> Pending:

@@ -109,7 +109,8 @@ def worker_config(cfg: Any, out: Path, settings: dict[str, Any] | None = None, *
                       "ns_steps": getattr(opt, "ns_steps", 5)},
         "peer": peer_settings(cfg, settings),
         "ddp": {"overlap_grad_reduce": cfg.dist.overlap_grad_reduce,
-                "overlap_param_gather": cfg.dist.overlap_param_gather, "bucket_size": cfg.bucket_size()},
+                "overlap_param_gather": cfg.dist.overlap_param_gather, "bucket_size": cfg.bucket_size(),
+                "step_barrier": cfg.dist.step_barrier},
         "step_fields": list(STEP_FIELDS),
         "save_params": cfg.save_params,
     }

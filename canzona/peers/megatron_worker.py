@@ -482,13 +482,16 @@ def _train(rank: int, cfg: dict[str, Any], cuda: bool) -> None:
             ph.mark("bwd_end")
         ddp.finish_grad_sync()  # finalize_model_grads' call: waits for (or issues) every bucket's reduction
         ph.mark("reduced")
+        if cfg["ddp"].get("step_barrier") and dp * tp > 1:  # Megatron's timers("optimizer").start(barrier=True)
+            dist.barrier()
+        ph.mark("step")
         optimizer.step()
         ph.mark("end")
         global_loss = torch.stack(losses).mean().float()
         dist.all_reduce(global_loss, group=dp_group)
         if cuda:
             torch.cuda.synchronize()
-        step_ms = ph.ms("reduced", "end")
+        step_ms = ph.ms("step", "end")
         sync_ms = psync.take()
         exposed_sync = None if sync_ms is None and fwd_sync is None else (sync_ms or 0.0) + (fwd_sync or 0.0)
         parts = {k: acc.take() for k, acc in inner.items()}
@@ -501,7 +504,8 @@ def _train(rank: int, cfg: dict[str, Any], cuda: bool) -> None:
             "iteration_ms": ph.ms("start", "end"), "forward_ms": None if grid else fwd,
             "backward_ms": None if grid else bwd, "grad_reduce_ms": ph.ms("bwd_end", "reduced"),
             "clip_grad_ms": clip.take(), "optimizer_step_ms": step_ms - (sync_ms or 0.0),
-            "step_start_ms": ph.ms("start", "reduced"), "param_sync_ms": exposed_sync,
+            "barrier_ms": ph.ms("reduced", "step"),
+            "step_start_ms": ph.ms("start", "step"), "param_sync_ms": exposed_sync,
             "gather_ms": gather_ms, "compute_ms": compute_ms, "apply_ms": parts["apply"],
             "loss": float(global_loss) / dp,
         })

@@ -75,7 +75,8 @@ def execution(cfg: TrialConfig, device: str) -> Execution:
                      pipeline_depth=cfg.planner.pipeline_depth, dtype=dtype, dtype_reason=why,
                      overlap_param_gather=cfg.dist.overlap_param_gather, clip_grad=cfg.optimizer.clip_grad,
                      device=device, grad_accum=cfg.train.grad_accum, clip_norm_dtype=cfg.optimizer.clip_norm_dtype,
-                     ns_dtype=cfg.optimizer.ns_dtype, ns_steps=cfg.optimizer.ns_steps)
+                     ns_dtype=cfg.optimizer.ns_dtype, ns_steps=cfg.optimizer.ns_steps,
+                     step_barrier=cfg.dist.step_barrier)
 
 
 # ------------------------------------------------------------------------------- the inventory

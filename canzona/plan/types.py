@@ -40,6 +40,7 @@ class Execution:
     clip_norm_dtype: str  # the norm's accumulation: float32 (Megatron) or float64 (exact)
     ns_dtype: str  # Muon's Newton–Schulz dtype: that of the Gram all-reduces of TP mode ``gram``
     ns_steps: int  # Muon's Newton–Schulz steps: one Gram all-reduce each under TP mode ``gram``
+    step_barrier: bool  # every rank waits at a barrier before its step's timer starts (Megatron's timers)
 
 
 class _Sized:

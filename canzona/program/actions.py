@@ -383,6 +383,25 @@ class NormReduce:
 
 
 @dataclass(frozen=True)
+class StepBarrier:
+    """Megatron's timer barrier (``--barrier-with-L1-time``, its default): before the optimizer
+    step's timer starts, every rank waits for the others, so the step leaves out their skew on
+    arriving. One all-reduce of one element over ``axis``, as NCCL's barrier is (gloo's too, in
+    what it costs), issued and at once waited for."""
+
+    tag: str = "step barrier"
+    axis: Axis = "world"
+    phase: str = "barrier"
+
+    @_memo
+    def calls(self) -> tuple[Call, ...]:
+        return (_call("all_reduce", self.axis, 1, 1, "float32"),)
+
+    pack_elems = 0
+    finish_elems = 0
+
+
+@dataclass(frozen=True)
 class GramCompute:
     """TP mode ``gram`` (Megatron's ``distributed`` Muon): this rank's shard of each of ``items``
     orthogonalised with Newton–Schulz whose sums run over ``axis``: per matrix (per sub-matrix
@@ -418,8 +437,10 @@ class GramCompute:
 
 # The communication actions that only move data, and every action that makes calls (those and
 # `GramCompute`, whose calls sit inside its compute).
-TRANSFER_TYPES = (BucketReduce, BucketGather, OwnedParamsGather, TpGather, TpScatter, TpAllGather, NormReduce)
-Comm = BucketReduce | BucketGather | OwnedParamsGather | TpGather | TpScatter | TpAllGather | NormReduce | GramCompute
+TRANSFER_TYPES = (BucketReduce, BucketGather, OwnedParamsGather, TpGather, TpScatter, TpAllGather, NormReduce,
+                  StepBarrier)
+Comm = (BucketReduce | BucketGather | OwnedParamsGather | TpGather | TpScatter | TpAllGather | NormReduce | StepBarrier
+        | GramCompute)
 COMM_TYPES = (*TRANSFER_TYPES, GramCompute)
 _COMM_KINDS: dict[type, bool] = {}
 

@@ -167,7 +167,7 @@ class MoeLowering:
         d_step = dense.step(d, t)
         e_local = low.step(ed, et)
         e_step = mv.all(e_local)
-        out.append(Mark("step_start"))
+        out += [*dense.step_barrier(), Mark("step_start")]
         if ex.clip_grad > 0:
             counted = _world_norm_ranges(dense, d, t) + mv.ranges(_world_norm_ranges(low, ed, et))
             read = dense._read_ranges(d_step) + mv.ranges(low._read_ranges(e_local))

@@ -52,6 +52,7 @@ from canzona.program.actions import (
     OwnedParamsGather,
     Program,
     Ranges,
+    StepBarrier,
     TpAllGather,
     TpGather,
     TpScatter,
@@ -208,7 +209,7 @@ class _Lowering:
 
     def _step_block(self, d: int, t: int) -> list[Action]:
         """The optimizer step between its marks: clipping, the updates, the copy into the model."""
-        out: list[Action] = [Mark("step_start")]
+        out: list[Action] = [*self.step_barrier(), Mark("step_start")]
         step = self.step(d, t)
         out.extend(self.clip(d, t, step))
         out.extend(step)
@@ -217,6 +218,13 @@ class _Lowering:
             out.append(CopyToModel("copy main->model", main))
         out.append(Mark("step_end"))
         return out
+
+    def step_barrier(self) -> list[Action]:
+        """Before the step's timer starts, every rank waits for the others (``dist.step_barrier``,
+        Megatron's timers' default); nothing to wait for alone."""
+        if not self.ex.step_barrier or self.grid.world == 1:
+            return []
+        return [StepBarrier(), Wait((StepBarrier.tag,), StepBarrier.phase, StepBarrier.tag)]
 
     # ------------------------------------------------------------------ clipping and main params
     def _read_ranges(self, step: list[Action]) -> Ranges:

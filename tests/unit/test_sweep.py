@@ -291,15 +291,18 @@ def test_renamed_keys_are_refused_in_sweep_files_and_on_the_command_line(tmp_pat
 
 def test_trial_ids_survive_renamed_and_added_keys():
     """Ids recorded before a key was renamed (canzona.cost_profile -> planner.cost_hardware) or
-    added (MoE, batched Muon) name the same trials: these are the ids the harness gave at
-    73bf1f3. A new key set away from its neutral value, or a changed value, makes a new trial."""
+    added (MoE, batched Muon, the step's timer barrier at its value of before) name the same
+    trials: these are the ids the harness gave at 73bf1f3. A new key set away from its neutral
+    value, or a changed value, makes a new trial."""
     recorded = {
         (): "0.6b-canzona-muon-dp1tp1-e24a81ebcd",
         ("model=qwen3-8b", "parallel.dp=4", "planner.cost_hardware=a100"): "8b-canzona-muon-dp4tp1-6330b7a0e7",
         ("optimizer=shampoo", "method=sync", "parallel.tp=2", "train.steps=3"): "0.6b-sync-shampoo-dp1tp2-567333f772",
     }
-    for overrides, want in recorded.items():
-        assert trial_id(load_config(list(overrides))) == want, overrides
+    for overrides, want in recorded.items():  # as they ran then: no timer barrier before the step
+        assert trial_id(load_config([*overrides, "dist.step_barrier=false"])) == want, overrides
+        # with the barrier (today's default) the step measures something else: a new trial
+        assert trial_id(load_config(list(overrides))) != want, overrides
     base = trial_id(load_config([]))
     assert trial_id(load_config(["optimizer.batch_equal_shapes=true"])) != base
     assert trial_id(load_config(["bucket.expert_size=1000000"])) != base
