@@ -210,3 +210,27 @@ def test_planner_never_imports_the_executor_or_program() -> None:
             continue
         bad = {m for m in _imports(f) if m.startswith(("canzona.executor", "canzona.program", "torch", "canzona.sim"))}
         assert not bad, f"{f.name} imports {bad}"
+
+
+@pytest.mark.parametrize("extra", [[], ["model=qwen3-30b-a3b", "model.width_div=64", "model.num_layers=2",
+                                        "model.num_experts=4", "model.top_k=2", "parallel.ep=2"]])
+def test_the_step_timer_waits_at_a_barrier_of_every_rank(extra: list[str]) -> None:
+    """Megatron's optimizer timer starts after a barrier (``--barrier-with-L1-time``, its
+    default): every rank's program waits at one, over the whole world, right before the step's
+    mark; alone there is nothing to wait for, and ``dist.step_barrier=false`` leaves it out."""
+    from canzona.program.actions import Mark, StepBarrier, Wait
+
+    def before_step(program) -> list:
+        acts = list(program.actions)
+        at = next(k for k, a in enumerate(acts) if isinstance(a, Mark) and a.name == "step_start")
+        return acts[max(0, at - 2):at]
+
+    for program in lower(plan_for(*extra, "parallel.dp=2", "parallel.tp=2")):
+        barrier, wait = before_step(program)
+        assert isinstance(barrier, StepBarrier) and barrier.calls()[0].axis == "world"
+        assert isinstance(wait, Wait) and wait.tags == (barrier.tag,) and wait.phase == "barrier"
+    off = lower(plan_for(*extra, "parallel.dp=2", "parallel.tp=2", "dist.step_barrier=false"))
+    assert not any(isinstance(a, StepBarrier) for p in off for a in p.actions)
+    if not extra:
+        alone = lower(plan_for("parallel.dp=1", "parallel.tp=1"))
+        assert not any(isinstance(a, StepBarrier) for p in alone for a in p.actions)

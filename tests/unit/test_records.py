@@ -80,3 +80,16 @@ def test_trace_nests_overlapping_events_and_aligns_steps() -> None:
     assert {names[(0, t)] for t in comm_tids} == {"comm", "comm 2"}
     procs = [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"]
     assert procs == ["rank 0 (dp 0, tp 0)", "rank 1 (dp 0, tp 1)"]
+
+
+def test_records_of_before_the_step_barrier_read_as_run_without_it() -> None:
+    """A config recorded before ``dist.step_barrier`` existed (every key is recorded) ran its
+    step without a barrier: read back, it says so, and a projection of it is made the same way."""
+    from canzona.config import load_config
+
+    now = load_config([]).to_dict()
+    assert now["dist"]["step_barrier"] is True
+    then = {**now, "dist": {k: v for k, v in now["dist"].items() if k != "step_barrier"}}
+    assert read_config(then)["dist"]["step_barrier"] is False
+    assert load_config(base=read_config(then)).dist.step_barrier is False
+    assert read_config(now)["dist"]["step_barrier"] is True
