@@ -374,6 +374,9 @@ def train(cfg: Any, model: Any, muon: Any, adamw: Any, ctx: Any, timer: Any, bat
             losses.append(loss.detach().float())
             with timer.phase("backward"):
                 (loss / k if k > 1 else loss).backward()
+        if cfg.dist.step_barrier and ctx.dp > 1:  # the harness's timer barrier (torchtitan's own has none)
+            with timer.phase("barrier"):
+                dist.barrier()
         timer.mark("step_start")
         if clip > 0:
             with timer.phase("clip_grad"):
@@ -395,7 +398,7 @@ def train(cfg: Any, model: Any, muon: Any, adamw: Any, ctx: Any, timer: Any, bat
         rows.append({
             "step": step, "measured": step >= cfg.train.warmup, "rank": ctx.rank, "dp_rank": ctx.dp_rank,
             "tp_rank": 0, "iteration_ms": timer.at("end"), "forward_ms": ms.get("forward", 0.0),
-            "backward_ms": ms.get("backward", 0.0), "grad_reduce_ms": None,
+            "backward_ms": ms.get("backward", 0.0), "grad_reduce_ms": None, "barrier_ms": ms.get("barrier", 0.0),
             "clip_grad_ms": ms.get("clip_grad", 0.0) if clip > 0 else 0.0,
             "optimizer_step_ms": timer.between("step_start", "step_end"), "step_start_ms": timer.at("step_start"),
             "gather_ms": None, "compute_ms": None, "scatter_ms": None, "apply_ms": None, "param_sync_ms": None,

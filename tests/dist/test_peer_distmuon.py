@@ -191,7 +191,9 @@ def test_one_training_step_equals_the_harness_dp2_run(tmp_path) -> None:
         assert set(STEP_FIELDS) <= set(r)
         assert r["iteration_ms"] >= r["optimizer_step_ms"] > 0 and r["forward_ms"] > 0 and r["backward_ms"] > 0
         assert r["grad_reduce_ms"] is None and r["param_sync_ms"] is None
-        assert {e["phase"] for e in r["events"]} >= {"forward", "backward", "dist_muon_step", "adamw_step"}
+        # the step's timer starts after the harness's barrier, as its own trials' do (dist.step_barrier)
+        assert {e["phase"] for e in r["events"]} >= {"forward", "backward", "barrier", "dist_muon_step", "adamw_step"}
+        assert r["barrier_ms"] >= 0.0
     meta = result.meta
     assert meta["versions"]["torchtitan"] == "0.3.0" and "Neither changes any arithmetic" in meta["shim"]
 
