@@ -384,7 +384,8 @@ def test_three_bf16_training_steps_match_single_process(tmp_path, bf16_reference
 def test_records_state_the_dtype_of_every_collective(tmp_path) -> None:
     """docs/usage.md, "What is measured": under bf16, parameters are all-gathered in bf16 (2 bytes
     per element), gradients reduced and TP-gathered/scattered in fp32 (4), the clipping norm
-    reduced in fp32 (4, the default `optimizer.clip_norm_dtype`) -- checked from a trial's records (steps.jsonl's bytes per action against the
+    reduced in fp32 (4, the default `optimizer.clip_norm_dtype`), the step timer's barrier one fp32
+    element -- checked from a trial's records (steps.jsonl's bytes per action against the
     element counts of the program re-lowered from its config.yaml)."""
     import json
 
@@ -400,7 +401,8 @@ def test_records_state_the_dtype_of_every_collective(tmp_path) -> None:
     run_trial(cfg, tmp_path)
     recorded = load_config(base=yaml.safe_load((tmp_path / "config.yaml").read_text()))
     programs = lower(make_plan(recorded, device="cpu"))
-    want = {"param_sync": 2, "grad_reduce": 4, "gather": 4, "scatter": 4, "grad norm reduce": 4, "backward": 4}  # fp32 norm
+    want = {"param_sync": 2, "grad_reduce": 4, "gather": 4, "scatter": 4, "grad norm reduce": 4, "backward": 4,
+            "step barrier": 4}  # fp32 norm; the timer's barrier: one fp32 element
     seen = set()
     for line in (tmp_path / "steps.jsonl").read_text().splitlines():
         row = json.loads(line)
