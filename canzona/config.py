@@ -296,11 +296,11 @@ RENAMED = {
 def read_config(raw: dict[str, Any]) -> dict[str, Any]:
     """A config dict from a trial's records, whenever written, with today's key names and the
     settings it ran with where a default changed since (`RECORDED_BEFORE`)."""
-    out = upgrade_keys(raw, RENAMED)
+    out = upgrade_keys(raw, RENAMED)  # a copy, sections included
     for dotted, then in RECORDED_BEFORE.items():
-        section, leaf = dotted.split(".")
-        if isinstance(out.get(section), dict) and leaf not in out[section]:
-            out[section] = {**out[section], leaf: then}
+        holder = parent_mapping(out, dotted)
+        if holder is not None:
+            holder.setdefault(dotted.rsplit(".", 1)[-1], then)
     return out
 
 
@@ -312,7 +312,8 @@ RECORDED_BEFORE: dict[str, Any] = {"dist.step_barrier": False}
 # Keys added after trial ids were first recorded, each with the value that describes a trial
 # exactly as it was before the key existed. At that value a key is left out of the id
 # (`id_dict`), so that upgrading the harness keeps every results folder resumable; any other
-# value makes a new trial. A new key whose default changes what a trial does must not be here.
+# value makes a new trial. A new key whose default changes what a trial does is here only at its
+# value of before (`RECORDED_BEFORE`), so that its default makes new trials.
 ID_NEUTRAL: dict[str, Any] = {
     "parallel.ep": 1,
     "parallel.etp": None,
@@ -323,9 +324,7 @@ ID_NEUTRAL: dict[str, Any] = {
     "optimizer.batch_equal_shapes": False,
     "peer.tp_mode": "blockwise",
     "peer.ns_matmul_prec": None,
-    # the timer barrier's default (true) changes what a multi-rank trial measures: a new id; a trial
-    # recorded before it existed ran without one (`RECORDED_BEFORE`) and keeps its id
-    "dist.step_barrier": False,
+    **RECORDED_BEFORE,
 }
 
 
