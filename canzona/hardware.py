@@ -17,6 +17,8 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
       overlap: 1.0                         # fraction of async comm hidden behind host compute
       sched_wait_s: s                      # CPU: a collective's wait for its peers to be scheduled when
                                            # ranks x threads > cores (canzona.calibrate.contended); 0: none
+      peer_wait: [[work_s, wait_s], ...]   # CPU: a collective's wait for its peers after each member's
+                                           # work since its previous one (canzona.calibrate.peer_wait); []: none
     updates: {muon: {"MxN": s}, ...}       # one update of one matrix, refreshes amortised
                                            # (canzona.cost.load_measured reads this table)
     batched: {muon: {"MxN": {slope_s, overhead_s, refresh_s, stacked_slope_s}}}  # steady-state batched calls
@@ -211,6 +213,9 @@ class Hardware:
         # copy `oversubscribed` returns.
         self.sched_wait_s = float(comp.get("sched_wait_s", 0.0))
         self.contention_s = 0.0
+        # What a collective waits for its peers to arrive, by the work its members did since their
+        # previous collective (`canzona.calibrate.peer_wait`; the timeline adds it): sorted by work
+        self.peer_wait = sorted((float(w), float(t)) for w, t in (comp.get("peer_wait") or []))
         # Whether calls issued as one coalesced group launch together (NCCL's group calls on
         # GPUs); gloo on CPUs has no coalescing and runs them one after another.
         self.coalesces = bool(comp.get("coalesces", self.device.get("kind", "cpu") != "cpu"))
@@ -282,6 +287,8 @@ class Hardware:
             "model_dtype": self.model_dtype,
             "comm_compute_overlap": self.overlap,
             **({"oversubscribed_collective_wait_ms": r(self.sched_wait_s * 1e3)} if self.sched_wait_s else {}),
+            **({"peer_wait_ms_after_work_ms": [[r(w * 1e3), r(t * 1e3)] for w, t in self.peer_wait]}
+               if self.peer_wait else {}),
             "optimizer_table": sorted(o for o, t in self.batched.items() if t) or "none (flops at the matmul rate)",
         }
         for level, links in self.links.items():
@@ -338,6 +345,20 @@ class Hardware:
         if self.latency_busy:
             return self.contention_s, latency + transfer
         return latency + self.contention_s, transfer
+
+    def peer_wait_after(self, work_s: float) -> float:
+        """Seconds a collective waits for its peers after ``work_s`` of work since their previous
+        one (``compute.peer_wait``): linear between the measured points, the first point's below
+        them and the last point's beyond them (the drift is not extrapolated); 0 without points."""
+        pts = self.peer_wait
+        if not pts:
+            return 0.0
+        if work_s <= pts[0][0]:
+            return pts[0][1]
+        for (w0, t0), (w1, t1) in zip(pts, pts[1:]):
+            if work_s <= w1:
+                return t0 + (t1 - t0) * (work_s - w0) / (w1 - w0) if w1 > w0 else t1
+        return pts[-1][1]
 
     def oversubscribed(self) -> Hardware:
         """This hardware as a trial whose ranks oversubscribe the CPU meets it: every collective

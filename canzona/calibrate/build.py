@@ -50,12 +50,13 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 7  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+CALIBRATION_FORMAT = 8  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
 # 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``;
 # 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``);
 # 6: the step's passes (norm, scale, AdamW, apply) timed with cold caches on a CPU, AdamW without
 #    an extra pass over its second moment, the fp32 -> model cast per dtype (``cast_seconds_per_element``);
 # 7: the overlap measured against the model's backward when the model is timed (`comm.time_overlap`)
+# 8: a collective's wait for its peers by the work done since they last met (`canzona.calibrate.peer_wait`)
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -105,6 +106,15 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
         if contended:
             stamp(f"collectives with {contended['processes']} processes on {contended['cores']} cores: "
                   f"{contended['sched_wait_s'] * 1e3:.2f} ms scheduling wait each")
+    drift = None
+    if kind == "cpu" and workers.get("collectives") and opts.threads == 1:
+        from canzona.calibrate.peer_wait import measure_peer_wait
+
+        drift = measure_peer_wait(int(device.get("cores") or 0), collectives["intra"]["all_reduce"]["latency_s"],
+                                  opts.quick)
+        if drift:
+            stamp("peers' drift before a collective: " + ", ".join(
+                f"{w * 1e3:.2f} ms after {work * 1e3:.1f} ms of work" for work, w in drift["points"]))
     mm = basics["matmul_float32"]
     model_dtype = pass_dtype(kind)
     model_mm = basics["matmul_bfloat16"] if model_dtype == "bfloat16" else mm
@@ -134,6 +144,7 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
             "call_overhead_s": float(np.median(list(upd["update_overhead_s"].values()))) if upd["update_overhead_s"] else 0.0,
             "overlap": overlap,
             "sched_wait_s": contended["sched_wait_s"] if contended else 0.0,
+            "peer_wait": drift["points"] if drift else [],
         },
         "ns_dtype": opts.ns_dtype_for(kind),
         "precondition_frequency": opts.precondition_frequency,
@@ -154,7 +165,7 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
             "compute_processes": world or 1, "spec": spec, "collectives_source": collectives_source,
             "shapes_skipped": upd["skipped"], "shapes_retimed": upd.get("retimed", 0),
             "overlap_measurement": workers.get("overlap"), "collective_samples": workers.get("collectives"),
-            "contended_measurement": contended,
+            "contended_measurement": contended, "peer_wait_measurement": drift,
             "seconds": None,
         },
     }

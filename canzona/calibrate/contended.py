@@ -40,6 +40,21 @@ def _loop(chunk: Any, reps: int, pair: Any | None, buf: Any) -> float:
     return (time.perf_counter() - t0) / reps
 
 
+def paired_rounds(chunk: Any, reps: int, rounds: int, pair: Any, buf: Any) -> list[float]:
+    """[seconds per iteration alone, with the all-reduce]: each the median of ``rounds`` loops of
+    ``reps``, the two interleaved (after a barrier of every process) so that a drift of the
+    machine hits both alike."""
+    import torch.distributed as dist
+
+    alone, both = [], []
+    for _ in range(rounds):
+        dist.barrier()
+        alone.append(_loop(chunk, reps, None, buf))
+        dist.barrier()
+        both.append(_loop(chunk, reps, pair, buf))
+    return [statistics.median(alone), statistics.median(both)]
+
+
 def _worker(rank: int, world: int, port: int, reps: int, rounds: int, out: str) -> None:
     import torch
     import torch.distributed as dist
@@ -58,13 +73,7 @@ def _worker(rank: int, world: int, port: int, reps: int, rounds: int, out: str) 
                 a @ a
 
         _loop(chunk, 5, pair, buf)  # warm-up: gloo pairs, allocator
-        alone, both = [], []
-        for _ in range(rounds):  # interleaved, so that a drift of the machine hits both alike
-            dist.barrier()
-            alone.append(_loop(chunk, reps, None, buf))
-            dist.barrier()
-            both.append(_loop(chunk, reps, pair, buf))
-        t = torch.tensor([statistics.median(alone), statistics.median(both)])
+        t = torch.tensor(paired_rounds(chunk, reps, rounds, pair, buf))
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         if rank == 0:
             Path(out).write_text(json.dumps({"compute_s": float(t[0]) / world, "with_all_reduce_s": float(t[1]) / world}))

@@ -76,7 +76,7 @@ class ProgramSim:
         self.grid: RankLayout = plan.rank_layout
         self.world = self.grid.world
         self.scale, self.step_scale = scale, step_scale
-        self.tl = Timeline(self.world, hw.overlap, scale)
+        self.tl = Timeline(self.world, hw.overlap, scale, hw.peer_wait_after if hw.peer_wait else None)
         self.opt = cfg.optimizer.name if plan.matrix_rule else "adamw"
         self.ns = (cfg.optimizer.ns_dtype, cfg.optimizer.ns_steps)
         # Muon's opt-in stacked Newton–Schulz over a call's equal shapes (`Hardware.matrix_call`)
@@ -153,7 +153,7 @@ class ProgramSim:
         slot = self.pending.get(key)
         if slot is None:
             slot = self.pending[key] = {}
-        slot[r] = (self.tl.cpu[r], calls, inside_s)
+        slot[r] = (self.tl.cpu[r], calls, inside_s, self.tl.busy[r])
         if len(slot) == len(members):
             self._resolve(key, members, self.pending.pop(key), axis)
 
@@ -191,7 +191,8 @@ class ProgramSim:
         seconds, transfer = self._seconds(per_member, members, self._level(key[0], members))
         seconds += max(slot[r][2] for r in members)
         self.handles[key] = self.tl.collective(members, axis, seconds, key[1], transfer,
-                                               issued=[slot[r][0] for r in members])
+                                               issued=[slot[r][0] for r in members],
+                                               worked=[slot[r][3] for r in members])
 
     def handle(self, r: int, tag: str, it: int | None = None) -> Handle | None:
         gid = self._gid[r][tag]

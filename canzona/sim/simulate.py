@@ -148,6 +148,11 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
                    "included), the model pass's blocking TP collectives not stretched"
                    + (f"; every collective waits {hw.sched_wait_s * 1e3:.2g} ms more for its peers to be scheduled "
                       "(the calibration's contended measurement)" if hw.sched_wait_s else ""))
+    if hw.peer_wait and cfg.world_size > 1:
+        out.append("every collective starts after its members' drift: the wait the calibration measured after the "
+                   "most work a member did since its previous collective ("
+                   + ", ".join(f"{t * 1e3:.2g} ms after {w * 1e3:.2g} ms" for w, t in hw.peer_wait)
+                   + "; canzona.calibrate.peer_wait)")
     calib_threads = hw.device.get("threads")
     if hw.device.get("kind") == "cpu" and calib_threads and cfg.dist.threads_per_rank not in (None, calib_threads):
         out.append(f"trial uses {cfg.dist.threads_per_rank} threads per rank, the hardware file was timed with {calib_threads}")

@@ -16,6 +16,11 @@ collective is only created once every member has reached it. Rules:
   charged to each member's host as a debt, paid by the next host work, less whatever time the
   host spent idle waiting meanwhile.
 
+- ``peer_wait`` (CPU calibrations: `canzona.calibrate.peer_wait`): a collective starts that much
+  later than its last member issues it, a function of the most host work a member did since its
+  own previous collective: ranks that computed apart drift apart on a shared machine, and the
+  first to arrive waits, idle, for the last.
+
 ``scale`` multiplies the durations of what keeps a CPU busy (oversubscribed CPU cores: host work
 and a collective's transfer); a collective's latency, and the communication inside a model
 unit's host time (``host_all``'s ``comm``), waits on peers without holding a core and is not
@@ -29,7 +34,7 @@ name.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -45,8 +50,10 @@ class Handle:
 
 
 class Timeline:
-    def __init__(self, world: int, overlap: float = 1.0, scale: float = 1.0):
+    def __init__(self, world: int, overlap: float = 1.0, scale: float = 1.0,
+                 peer_wait: Callable[[float], float] | None = None):
         self.world = world
+        self.peer_wait = peer_wait
         self.overlap = min(1.0, max(0.0, overlap))
         self.scale = scale
         self.cpu = [0.0] * world
@@ -58,6 +65,7 @@ class Timeline:
         self.phase_s: list[dict[str, float]] = [defaultdict(float) for _ in range(world)]
         self.marks: list[dict[str, float]] = [{} for _ in range(world)]
         self.busy = [0.0] * world  # host work done (seconds), for CPU-sharing estimates
+        self.met = [0.0] * world  # each rank's ``busy`` when it last issued a collective (`peer_wait`)
         self.origin = [0.0] * world  # each rank's start of the measured iteration
         self._nested: list[list[float]] = [[] for _ in range(world)]
 
@@ -158,16 +166,23 @@ class Timeline:
 
     # ------------------------------------------------------------------ collectives
     def collective(self, ranks: Sequence[int], stream: str, seconds: float, label: str,
-                   transfer_s: float | None = None, issued: Sequence[float] | None = None) -> Handle:
+                   transfer_s: float | None = None, issued: Sequence[float] | None = None,
+                   worked: Sequence[float] | None = None) -> Handle:
         """One collective over `ranks`, issued by each member at its current host time (or at
-        ``issued[k]`` for the k-th member); returns its handle. `transfer_s`: the part of
-        `seconds` that keeps a CPU busy (default: all of it)."""
+        ``issued[k]`` for the k-th member, whose ``busy`` then was ``worked[k]``); returns its
+        handle. `transfer_s`: the part of `seconds` that keeps a CPU busy (default: all of it)."""
         busy = (seconds if transfer_s is None else transfer_s) * self.scale
         # the latency waits on the peers and holds no core: only the transfer is stretched
         dur = seconds * self.scale if self.scale == 1.0 or transfer_s is None else seconds - transfer_s + busy
         clocks = self.streams[stream]
         at = [self.cpu[r] for r in ranks] if issued is None else issued
-        start = max(max(a, clocks[r]) for a, r in zip(at, ranks))
+        drift = 0.0  # the last member's arrival after the peers' drift (`peer_wait`)
+        if self.peer_wait is not None and len(ranks) > 1:
+            done = [self.busy[r] for r in ranks] if worked is None else worked
+            drift = self.peer_wait(max(d - self.met[r] for d, r in zip(done, ranks)))
+            for d, r in zip(done, ranks):
+                self.met[r] = d
+        start = max(max(max(at) + drift, clocks[r]) for r in ranks)
         end = start + dur
         for r in ranks:
             clocks[r] = end

@@ -107,6 +107,18 @@ def test_quick_calibration_cli_with_gloo_collectives(quick_calibration) -> None:
         assert data["compute"]["sched_wait_s"] == contended["sched_wait_s"] >= 0.0
     else:
         assert contended is None and data["compute"]["sched_wait_s"] == 0.0
+    # the peers' drift by the work between collectives (canzona.calibrate.peer_wait): on as many
+    # processes as cores, one point per compute chunk, the work growing with the chunk
+    drift = data["calibration"]["peer_wait_measurement"]
+    if 2 <= cores <= 8:
+        from canzona.calibrate.peer_wait import CHUNKS
+
+        works = [w for w, _ in drift["points"]]
+        assert drift["processes"] == cores - cores % 2 and len(works) == len(CHUNKS)
+        assert works == sorted(works) and works[0] > 0 and all(t >= 0.0 for _, t in drift["points"])
+        assert data["compute"]["peer_wait"] == drift["points"]
+    else:
+        assert drift is None and data["compute"]["peer_wait"] == []
 
 
 @pytest.mark.gpu

@@ -100,3 +100,61 @@ def test_a_cpu_collectives_latency_keeps_a_core_busy_and_a_gpus_does_not() -> No
     assert cpu.oversubscribed().collective_parts("all_gather", 1e6, [0, 1]) == (2e-3, lat + tr)
     glat, gtr = gpu.links["intra"]["all_gather"].parts("all_gather", 2, 1e6)
     assert gpu.collective_parts("all_gather", 1e6, [0, 1]) == (glat, gtr)
+
+
+def test_peer_wait_is_read_off_the_measured_curve() -> None:
+    """``compute.peer_wait`` (canzona.calibrate.peer_wait): linear between the points (sorted by
+    work whatever their order in the file), flat outside them, none without points."""
+    hw = _cpu_hardware(0.0)
+    assert hw.peer_wait == [] and hw.peer_wait_after(5e-3) == 0.0
+    data = dict(hw.raw)
+    data["compute"] = {**data["compute"], "peer_wait": [[5e-3, 2e-3], [1e-3, 1e-3], [2e-4, 5e-4]]}
+    curve = load_hardware(data)
+    assert curve.peer_wait_after(0.0) == 5e-4 == curve.peer_wait_after(2e-4)
+    assert abs(curve.peer_wait_after(3e-3) - 1.5e-3) < 1e-15
+    assert curve.peer_wait_after(1.0) == 2e-3  # not extrapolated
+    assert "peer_wait_ms_after_work_ms" in curve.inputs()["rates"] and "peer_wait_ms_after_work_ms" not in hw.inputs()["rates"]
+
+
+def test_a_collective_waits_for_the_drift_of_the_work_since_its_members_last_met() -> None:
+    """The wait is a function of the most work a member did since its own previous collective
+    (issued async: the work up to its issue), idle for the first to arrive; a group of one waits
+    for nobody."""
+    waits: list[float] = []
+
+    def drift(work: float) -> float:
+        waits.append(work)
+        return 0.1 * work
+
+    tl = Timeline(2, peer_wait=drift)
+    tl.host(0, 1.0)
+    tl.host(1, 3.0)
+    h = tl.collective([0, 1], "dp", 0.5, "a")
+    assert waits == [3.0] and h.start == 3.0 + 0.3 and h.end == 3.8
+    tl.host(0, 0.5)  # rank 0 issues the next one after 0.5 s more work, rank 1 right away
+    h2 = tl.collective([0, 1], "dp", 0.5, "b", issued=[tl.cpu[0], tl.cpu[1]])
+    assert waits[-1] == 0.5 and h2.start == max(h.end, tl.cpu[0] + 0.05)
+    assert tl.busy == [1.5, 3.0]  # the wait is idle: no core held
+    solo = Timeline(1, peer_wait=drift)
+    solo.host(0, 2.0)
+    assert solo.collective([0], "dp", 0.5, "c").start == 2.0 and waits[-1] == 0.5
+
+
+def test_a_calibrated_drift_lengthens_the_gradient_reduction() -> None:
+    """With the curve, a trial's gradient reduction (issued after the backward) waits longer and
+    its iteration grows."""
+    from canzona.config import load_config
+    from canzona.sim.simulate import project
+
+    base = _cpu_hardware(0.0)
+    data = dict(base.raw)
+    data["compute"] = {**data["compute"], "peer_wait": [[1e-4, 1e-3], [1e-2, 3e-3]]}
+    cfg = load_config(["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "method=sync", "optimizer=muon",
+                       "dist.device=cpu", "dist.threads_per_rank=1", "train.seq_len=32", "parallel.dp=2"])
+    without, with_drift = project(cfg, base), project(cfg, load_hardware(data))
+    assert with_drift["iteration_ms"] > without["iteration_ms"] + 1.0
+    assert with_drift["phases_ms"]["grad_reduce"] > without["phases_ms"]["grad_reduce"]
+    from canzona.sim.simulate import assumptions
+
+    said = [a for a in assumptions(cfg, load_hardware(data), 1.0) if "drift" in a]
+    assert said and "3 ms after 10 ms" in said[0] and not any("drift" in a for a in assumptions(cfg, base, 1.0))

@@ -1,0 +1,80 @@
+"""How long a collective waits for its peers, by the work each did since they last met.
+
+Two ranks that leave a collective together and then compute the same amount do not arrive at
+the next one together on a shared machine: interrupts, other tenants and the scheduler slow one
+or the other, and the collective starts when the slower arrives. The longer they worked apart,
+the further they drift. Measured on this project's 2-core VM (2 processes, one per core, a
+64-float all-reduce after every compute chunk): 0.5 ms beyond the back-to-back latency after
+0.2 ms of work, 0.9 ms after 1.8 ms, 1.5 ms after 5 ms. A simulator whose ranks do identical
+work in lockstep never sees it; on the README's first sweep it is what the DP gradient
+reduction (issued after a whole backward) and the parameter sync (after the whole step) wait
+beyond their transfer (docs/results.md).
+
+This module measures the curve the way `canzona.calibrate.contended` measures the scheduling
+wait, on as many processes as cores (no oversubscription: that wait is measured there and added
+apart): pairs of single-threaded processes loop over a compute chunk followed by an all-reduce
+with their pair, against the same loop without it, for chunks from a fraction of a millisecond
+to several, interleaved rounds. The difference per iteration less the collective's own latency
+(the two-process calibration's) is the wait; the hardware file keeps ``[[work_s, wait_s], ...]``
+as ``compute.peer_wait`` and the simulator adds `canzona.hardware.Hardware.peer_wait_after` of each member's work since its
+previous collective to every collective (`canzona.sim.timeline`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from canzona.calibrate.contended import _loop, paired_rounds
+from canzona.calibrate.workers import spawn_for_result
+
+# Compute chunks (96x96 fp32 matmuls per chunk): about 0.2, 0.7, 1.8 and 5 ms on the 2-core VM,
+# the spans between a trial's collectives (a TP pipeline's micro-group, a layer, a backward's bucket)
+CHUNKS = (16, 64, 160, 480)
+LOOP_WORK = 1280  # matmuls per timed loop (reps = LOOP_WORK / chunk): about 0.3 s a loop
+MAX_PROCESSES = 8
+
+
+def _worker(rank: int, world: int, port: int, rounds: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        pair = [dist.new_group([2 * k, 2 * k + 1]) for k in range(world // 2)][rank // 2]
+        a = torch.randn(96, 96) / 96**0.5
+        buf = torch.zeros(64)
+        rows = []
+        for n in CHUNKS:
+            def chunk(n: int = n) -> None:
+                for _ in range(n):
+                    a @ a
+
+            _loop(chunk, 2, pair, buf)  # warm-up: gloo's pair, the allocator
+            rows.append(paired_rounds(chunk, max(3, LOOP_WORK // n), rounds, pair, buf))
+        t = torch.tensor(rows, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        if rank == 0:
+            Path(out).write_text(json.dumps((t / world).tolist()))
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def measure_peer_wait(cores: int, latency_s: float, quick: bool = False) -> dict[str, Any] | None:
+    """Run ``cores`` processes (an even number, at least 2) in pairs as the module's docstring
+    describes; returns ``{"processes", "points": [[work_s, wait_s], ...], "samples"}`` or None
+    on a machine with fewer than 2 or more than `MAX_PROCESSES` cores. ``latency_s``: the
+    two-process calibration's all-reduce latency, taken out of each difference."""
+    world = min(cores, MAX_PROCESSES) - min(cores, MAX_PROCESSES) % 2
+    if world < 2 or cores > MAX_PROCESSES:
+        return None
+    rows = spawn_for_result(_worker, world, 3 if quick else 7)
+    points = [[work, max(0.0, both - work - latency_s)] for work, both in rows]
+    return {"processes": world, "points": points, "latency_s": latency_s,
+            "samples": [{"matmuls": n, "compute_s": w, "with_all_reduce_s": b} for n, (w, b) in zip(CHUNKS, rows)]}
+
