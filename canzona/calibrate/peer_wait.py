@@ -34,6 +34,7 @@ from canzona.calibrate.workers import spawn_for_result
 # the spans between a trial's collectives (a TP pipeline's micro-group, a layer, a backward's bucket)
 CHUNKS = (16, 64, 160, 480)
 LOOP_WORK = 1280  # matmuls per timed loop (reps = LOOP_WORK / chunk): about 0.3 s a loop
+MIN_REPS = 10  # collectives per loop at the longest chunk (a 3-collective loop read 0.45 ms after 5 ms of work)
 MAX_PROCESSES = 8
 
 
@@ -55,7 +56,7 @@ def _worker(rank: int, world: int, port: int, rounds: int, out: str) -> None:
                     a @ a
 
             _loop(chunk, 2, pair, buf)  # warm-up: gloo's pair, the allocator
-            rows.append(paired_rounds(chunk, max(3, LOOP_WORK // n), rounds, pair, buf))
+            rows.append(paired_rounds(chunk, max(MIN_REPS, LOOP_WORK // n), rounds, pair, buf))
         t = torch.tensor(rows, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         if rank == 0:
@@ -67,14 +68,18 @@ def _worker(rank: int, world: int, port: int, rounds: int, out: str) -> None:
 
 def measure_peer_wait(cores: int, latency_s: float, quick: bool = False) -> dict[str, Any] | None:
     """Run ``cores`` processes (an even number, at least 2) in pairs as the module's docstring
-    describes; returns ``{"processes", "points": [[work_s, wait_s], ...], "samples"}`` or None
+    describes; returns ``{"processes", "points": [[work_s, wait_s], ...], "samples"}`` (the
+    waits held non-decreasing in the work; ``samples``: the raw timings) or None
     on a machine with fewer than 2 or more than `MAX_PROCESSES` cores. ``latency_s``: the
     two-process calibration's all-reduce latency, taken out of each difference."""
     world = min(cores, MAX_PROCESSES) - min(cores, MAX_PROCESSES) % 2
     if world < 2 or cores > MAX_PROCESSES:
         return None
     rows = spawn_for_result(_worker, world, 3 if quick else 7)
-    points = [[work, max(0.0, both - work - latency_s)] for work, both in rows]
+    points, most = [], 0.0
+    for work, both in rows:  # the drift cannot shrink with more work apart: a dip is noise, held level
+        most = max(most, both - work - latency_s, 0.0)
+        points.append([work, most])
     return {"processes": world, "points": points, "latency_s": latency_s,
             "samples": [{"matmuls": n, "compute_s": w, "with_all_reduce_s": b} for n, (w, b) in zip(CHUNKS, rows)]}
 
