@@ -82,6 +82,13 @@ def test_local_sweep_report_predicts_with_a_quick_calibration(tmp_path: Path, tw
     page = Page(index.read_text())
     assert page.ids["predicted-hardware"]["data-hardware"] == "quick"
     want = compare_sweep(two_trial_sweep.dir, hw)
+    sharing = want["hardware"].get("cpu_sharing")  # the quick calibration's contended and drift waits
+    if sharing:
+        note = page.ids["predicted-cpu-sharing"]
+        assert int(note["data-peer-wait-points"]) == len(sharing["peer_wait_ms"])
+        assert float(note["data-sched-wait-ms"]) == pytest.approx(sharing["sched_wait_ms"], rel=1e-6)
+    else:
+        assert "predicted-cpu-sharing" not in page.ids
     assert len(want["trials"]) == 2
     expected = {m["method"]: m for m in want["by_method"]} | {"all": want["overall"]}
     cells = page.having("data-pv-field")

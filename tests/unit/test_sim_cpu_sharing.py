@@ -114,6 +114,8 @@ def test_peer_wait_is_read_off_the_measured_curve() -> None:
     assert abs(curve.peer_wait_after(3e-3) - 1.5e-3) < 1e-15
     assert curve.peer_wait_after(1.0) == 2e-3  # not extrapolated
     assert "peer_wait_ms_after_work_ms" in curve.inputs()["rates"] and "peer_wait_ms_after_work_ms" not in hw.inputs()["rates"]
+    assert curve.describe()["cpu_sharing"]["peer_wait_ms"] == [[0.2, 0.5], [1.0, 1.0], [5.0, 2.0]]
+    assert "cpu_sharing" not in hw.describe() and "cpu_sharing" not in load_hardware("h100").describe()
 
 
 def test_a_collective_waits_for_the_drift_of_the_work_since_its_members_last_met() -> None:
