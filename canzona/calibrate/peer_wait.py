@@ -72,9 +72,9 @@ def measure_peer_wait(cores: int, latency_s: float, quick: bool = False) -> dict
     waits held non-decreasing in the work; ``samples``: the raw timings) or None
     on a machine with fewer than 2 or more than `MAX_PROCESSES` cores. ``latency_s``: the
     two-process calibration's all-reduce latency, taken out of each difference."""
-    world = min(cores, MAX_PROCESSES) - min(cores, MAX_PROCESSES) % 2
-    if world < 2 or cores > MAX_PROCESSES:
+    if not 2 <= cores <= MAX_PROCESSES:
         return None
+    world = cores - cores % 2
     rows = spawn_for_result(_worker, world, 3 if quick else 7)
     points, most = [], 0.0
     for work, both in rows:  # the drift cannot shrink with more work apart: a dip is noise, held level
@@ -82,4 +82,3 @@ def measure_peer_wait(cores: int, latency_s: float, quick: bool = False) -> dict
         points.append([work, most])
     return {"processes": world, "points": points, "latency_s": latency_s,
             "samples": [{"matmuls": n, "compute_s": w, "with_all_reduce_s": b} for n, (w, b) in zip(CHUNKS, rows)]}
-
