@@ -43,12 +43,15 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
       forward: {fixed_s, layer_s, flops_per_s}
       backward: {fixed_s, layer_s, flops_per_s}
     collectives:
-      intra: {all_reduce: {latency_s, step_latency_s, bandwidth_Bps}, reduce_scatter: ...,
+      intra: {all_reduce: {latency_s, step_latency_s, bandwidth_Bps, one_element_s}, reduce_scatter: ...,
               all_gather: ..., all_to_all: ..., broadcast: ..., reduce: ...}
+              # one_element_s (optional, calibrated CPUs): a one-element all-reduce over 2 ranks
       inter: {...}                         # groups spanning more than one node
 
 Collective model: ``latency_s + (steps(P) - 1)·step_latency_s + volume / bandwidth_Bps`` where
-``steps`` is the ring's step count (P-1; all-reduce 2(P-1); all-to-all 1: all pairs at once)
+``steps`` is the ring's step count (P-1; all-reduce 2(P-1), or NCCL's tree where shorter, not on
+a CPU's gloo; all-to-all 1: all pairs at once); an all-reduce of at most 4 bytes on a link with
+``one_element_s`` costs ``one_element_s·steps(P)/steps(2)``
 and ``volume`` the bytes each rank moves over its bottleneck link (ring all-reduce
 2(P-1)/P·N, reduce-scatter / all-gather (P-1)/P·N of the full N-byte buffer, broadcast /
 reduce N, all-to-all: the most any rank sends or receives off-rank). A group spanning more than
@@ -107,18 +110,22 @@ EVIDENCE_LABELS = ("datasheet", "published", "assumption")  # inputs.provenance 
 EVIDENCE_KEYS = ("provenance", "fitted_on")  # under inputs: where the numbers come from, not numbers
 
 
-def ring_steps(kind: str, p: int) -> int:
+def ring_steps(kind: str, p: int, ring: bool = False) -> int:
     """Latency steps of a collective over p ranks: the ring's (all-reduce 2(P-1), all-to-all 1,
     the rest P-1), except that an all-reduce takes NCCL's tree when that has fewer steps
     (2·⌈log2 P⌉: small all-reduces such as the gradient norm's do not pay 2(P-1) hops at 256
-    ranks). Only the latency term changes; volumes stay the ring's."""
+    ranks) unless ``ring`` (gloo on a CPU runs its ring at every size). Only the latency term
+    changes; volumes stay the ring's."""
     if p <= 1:
         return 0
     if kind == "all_reduce":
-        return min(2 * (p - 1), 2 * (p - 1).bit_length())
+        return 2 * (p - 1) if ring else min(2 * (p - 1), 2 * (p - 1).bit_length())
     if kind == "all_to_all":
         return 1
     return p - 1
+
+
+ONE_ELEMENT_BYTES = 4  # `Link.one_element_s` prices all-reduces of at most this many bytes
 
 
 def volume(kind: str, p: int, nbytes: float) -> float:
@@ -137,12 +144,18 @@ class Link:
     latency_s: float
     bandwidth_Bps: float
     step_latency_s: float = 0.0
+    # an all-reduce of one fp32 element (the step barrier's, the gradient norm's) over two ranks,
+    # where the link was timed so (gloo: far less than a larger message's latency, by a third to
+    # a fifth on the project's VMs); 0: not measured. Its steps scale with the ring's as the latency's.
+    one_element_s: float = 0.0
 
-    def parts(self, kind: str, p: int, nbytes: float) -> tuple[float, float]:
-        """(latency seconds, transfer seconds)."""
+    def parts(self, kind: str, p: int, nbytes: float, ring: bool = False) -> tuple[float, float]:
+        """(latency seconds, transfer seconds); ``ring``: `ring_steps`'."""
         if p <= 1:
             return 0.0, 0.0
-        steps = ring_steps(kind, p)
+        steps = ring_steps(kind, p, ring)
+        if kind == "all_reduce" and self.one_element_s and nbytes <= ONE_ELEMENT_BYTES:
+            return self.one_element_s * steps / ring_steps(kind, 2, ring), 0.0
         return self.latency_s + max(0, steps - 1) * self.step_latency_s, volume(kind, p, nbytes) / self.bandwidth_Bps
 
     def seconds(self, kind: str, p: int, nbytes: float) -> float:
@@ -343,14 +356,17 @@ class Hardware:
         busy (the simulator stretches it on an oversubscribed CPU and charges it to the host
         where communication does not overlap compute): on a GPU the transfer; on a CPU (gloo)
         the link's latency too -- the calls' dispatch, gloo's thread hand-offs and loopback
-        syscalls run on the rank's cores (charging it moved the README's first sweep's iteration
-        error at dp 2 x tp 2 from 12-19 % to 6-12 %, docs/results.md) -- and only a scheduling wait
-        for peers (`oversubscribed`) is spent idle."""
+        syscalls run on the rank's cores -- except where the ranks oversubscribe the cores
+        (`oversubscribed`): there the latency and the scheduling wait are what
+        `canzona.calibrate.contended` measured a collective to add between compute chunks under
+        that very contention (its wait is the excess over the latency), so neither is stretched
+        again. Gloo runs its ring at every size (`ring_steps`)."""
         if kind not in COLLECTIVES:
             raise ValueError(f"unknown collective {kind!r}")
-        latency, transfer = self.links[level or self.level(ranks)][kind].parts(kind, len(ranks), nbytes)
-        if self.latency_busy:
-            return self.contention_s, latency + transfer
+        latency, transfer = self.links[level or self.level(ranks)][kind].parts(kind, len(ranks), nbytes,
+                                                                               ring=self.latency_busy)
+        if self.latency_busy and not self.contention_s:
+            return 0.0, latency + transfer
         return latency + self.contention_s, transfer
 
     def peer_wait_after(self, work_s: float) -> float:
@@ -573,7 +589,8 @@ def _pass(d: dict[str, Any] | None, fallback: PassTiming) -> PassTiming:
 
 
 def _link(d: dict[str, Any]) -> Link:
-    return Link(float(d["latency_s"]), float(d["bandwidth_Bps"]), float(d.get("step_latency_s", 0.0)))
+    return Link(float(d["latency_s"]), float(d["bandwidth_Bps"]), float(d.get("step_latency_s", 0.0)),
+                float(d.get("one_element_s", 0.0)))
 
 
 def load_hardware(hardware: str | Path | dict[str, Any] | Hardware) -> Hardware:

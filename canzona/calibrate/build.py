@@ -12,13 +12,14 @@ from typing import Any
 import numpy as np
 import yaml
 
+from canzona.calibrate.comm import ONE_ELEMENT
 from canzona.calibrate.compute import measure_compute
 from canzona.calibrate.fit import fit_link, fit_pass
 from canzona.calibrate.model_pass import pass_dtype
 from canzona.calibrate.settings import Options
 from canzona.calibrate.workers import run_workers
 from canzona.devices import resolve_device
-from canzona.hardware import COLLECTIVES, SPECS, spec_hardware
+from canzona.hardware import COLLECTIVES, SPECS, Link, spec_hardware
 
 # Links written when collectives are neither measured nor taken from a spec (collectives=false on CPU).
 PLACEHOLDER_LINK = {"latency_s": 1e-4, "step_latency_s": 1e-4, "bandwidth_Bps": 1e9}
@@ -50,13 +51,15 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 8  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+CALIBRATION_FORMAT = 9  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
 # 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``;
 # 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``);
 # 6: the step's passes (norm, scale, AdamW, apply) timed with cold caches on a CPU, AdamW without
 #    an extra pass over its second moment, the fp32 -> model cast per dtype (``cast_seconds_per_element``);
 # 7: the overlap measured against the model's backward when the model is timed (`comm.time_overlap`)
 # 8: a collective's wait for its peers by the work done since they last met (`canzona.calibrate.peer_wait`)
+# 9: a link's latency per ring step from the fitted intercept (an all-reduce's two steps at 2 processes
+#    were priced twice the intercept before), the one-element all-reduce (``one_element_s``)
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -91,18 +94,21 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
     spec = match_spec(opts, device["name"]) if kind == "cuda" else None
     notes: list[str] = []
     collectives, collectives_source, overlap = _collectives(opts, kind, gpus, workers, spec, notes)
+    # the latency of a 64-float all-reduce between two processes (two ring steps), which the
+    # contended and drift measurements take out of their differences
+    pair_latency = Link(**collectives["intra"]["all_reduce"]).parts("all_reduce", 2, 256.0, ring=True)[0]
     if workers.get("collectives"):
         intra = collectives["intra"]["all_reduce"]
-        log(f"  collectives ({backend}, 2 processes): all_reduce {intra['latency_s'] * 1e6:.0f} us + "
-            f"{intra['bandwidth_Bps'] / 1e9:.2f} GB/s")
+        log(f"  collectives ({backend}, 2 processes): all_reduce {pair_latency * 1e6:.0f} us + "
+            f"{intra['bandwidth_Bps'] / 1e9:.2f} GB/s"
+            + (f", one element {intra['one_element_s'] * 1e6:.0f} us" if "one_element_s" in intra else ""))
     for note in notes:
         log(f"  note: {note}")
     contended = None
     if kind == "cpu" and workers.get("collectives") and opts.threads == 1:
         from canzona.calibrate.contended import measure_sched_wait
 
-        contended = measure_sched_wait(int(device.get("cores") or 0),
-                                       collectives["intra"]["all_reduce"]["latency_s"], opts.quick)
+        contended = measure_sched_wait(int(device.get("cores") or 0), pair_latency, opts.quick)
         if contended:
             stamp(f"collectives with {contended['processes']} processes on {contended['cores']} cores: "
                   f"{contended['sched_wait_s'] * 1e3:.2f} ms scheduling wait each")
@@ -110,8 +116,7 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
     if kind == "cpu" and workers.get("collectives") and opts.threads == 1:
         from canzona.calibrate.peer_wait import measure_peer_wait
 
-        drift = measure_peer_wait(int(device.get("cores") or 0), collectives["intra"]["all_reduce"]["latency_s"],
-                                  opts.quick)
+        drift = measure_peer_wait(int(device.get("cores") or 0), pair_latency, opts.quick)
         if drift:
             stamp("peers' drift before a collective: " + ", ".join(
                 f"{w * 1e3:.2f} ms after {work * 1e3:.1f} ms of work" for work, w in drift["points"]))
@@ -184,6 +189,8 @@ def _collectives(opts: Options, kind: str, gpus: int, workers: dict[str, Any], s
     samples = workers.get("collectives")
     if samples:
         out: dict[str, Any] = {"intra": {k: fit_link(k, samples[k]) for k in COLLECTIVES}}
+        if samples.get(ONE_ELEMENT):
+            out["intra"]["all_reduce"]["one_element_s"] = float(samples[ONE_ELEMENT][0][1])
         if spec:
             out["inter"] = spec_hardware(spec)["collectives"]["inter"]
             notes.append(f"collectives between nodes (inter) are spec-derived ({spec}): one node cannot measure them")

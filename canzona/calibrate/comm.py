@@ -48,11 +48,18 @@ def sizes(quick: bool, gpu: bool) -> list[int]:
     return [256, 1 << 16, 1 << 20] if quick else [256, 1 << 14, 1 << 17, 1 << 20, 1 << 22]
 
 
+ONE_ELEMENT = "all_reduce_one_element"  # the samples' key of the one-element all-reduce
+
+
 def time_collectives(world: int, quick: bool, clock: Clock) -> dict[str, list[list[float]]]:
     """kind -> [[N bytes, seconds], ...]: the mean over repeats (each after a barrier) on the
     slowest rank, after a warm-up round of every kind (gloo sets pairs up lazily, NCCL its
     channels). The mean, not the median: a step issues many collectives, so their expected time
-    is what adds up, and small messages on a shared machine have a long tail."""
+    is what adds up, and small messages on a shared machine have a long tail. Also, under
+    `ONE_ELEMENT`, an all-reduce of one fp32 element (the step barrier's and the gradient norm's):
+    gloo sends it far faster than the smallest buffer above (2-process VM: 0.26 ms against 1.0 ms
+    for 256 elements, the larger message's mean held up by waits of a scheduler tick), so the
+    link's line would overprice it."""
     import torch
     import torch.distributed as dist
 
@@ -72,6 +79,14 @@ def time_collectives(world: int, quick: bool, clock: Clock) -> dict[str, list[li
             t = torch.tensor([statistics.fmean(times)], device=clock.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             samples[kind].append([float(nbytes), float(t)])
+    one = torch.ones(1, device=clock.device)
+    times = []
+    for _ in range(4 * reps):
+        dist.barrier()
+        times.append(clock.time(partial(dist.all_reduce, one)))
+    t = torch.tensor([statistics.fmean(times)], device=clock.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    samples[ONE_ELEMENT] = [[4.0, float(t)]]
     return samples
 
 

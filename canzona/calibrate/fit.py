@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from canzona.hardware import volume
+from canzona.hardware import ring_steps, volume
 
 
 def fit_link(kind: str, samples: list[list[float]], p: int = 2) -> dict[str, float]:
@@ -21,8 +21,11 @@ def fit_link(kind: str, samples: list[list[float]], p: int = 2) -> dict[str, flo
     if a <= 0:
         a = float(t.min()) * 0.5
         b = max(1e-12, float(np.median((t - a) / np.maximum(vol, 1.0))))
-    # the step latency of larger rings cannot be seen with 2 processes: assume one latency per step
-    return {"latency_s": float(a), "step_latency_s": float(a), "bandwidth_Bps": float(1.0 / b)}
+    # the intercept is the whole latency of the p-process collective (an all-reduce's two ring
+    # steps at p = 2); larger rings cannot be seen with p processes: assume each of their steps
+    # takes as long as one of these
+    step = float(a) / max(1, ring_steps(kind, p, ring=True))
+    return {"latency_s": step, "step_latency_s": step, "bandwidth_Bps": float(1.0 / b)}
 
 
 def fit_pass(points: list[dict], key: str, fallback_rate: float) -> dict[str, float]:

@@ -96,6 +96,9 @@ def test_quick_calibration_cli_with_gloo_collectives(quick_calibration) -> None:
     _check_hardware(out)
     data = yaml.safe_load(out.read_text())
     assert len(data["calibration"]["collective_samples"]["all_reduce"]) >= 3
+    # the one-element all-reduce, timed apart and written beside the fitted line
+    (one,) = data["calibration"]["collective_samples"]["all_reduce_one_element"]
+    assert one[0] == 4.0 and data["collectives"]["intra"]["all_reduce"]["one_element_s"] == one[1] > 0
     assert data["calibration"]["collectives_source"] == "measured" and data["notes"] == []
     assert 0.0 <= data["compute"]["overlap"] <= 1.0
     # without the model timed (model=false, quick's default) the overlap is measured against matmuls
@@ -187,6 +190,35 @@ def test_fits_recover_known_parameters() -> None:
            for L, f in [(1, 1e7), (2, 2e7), (4, 3e7), (2, 9e7)]]
     fit = fit_pass(pts, "forward_s", 1.0)
     assert np.allclose([fit["fixed_s"], fit["layer_s"], fit["flops_per_s"]], [1e-3, 2e-3, 1e10], rtol=1e-6)
+
+
+def test_a_fitted_all_reduce_prices_the_two_process_timings_it_was_fitted_on() -> None:
+    """The intercept of two processes' all-reduce timings is both ring steps' latency: the link
+    gives each step half of it, so at two ranks the file prices exactly what was measured (it
+    priced twice the intercept before calibration format 9), and each further ring step one
+    such step (gloo: ``ring``)."""
+    from canzona.hardware import Link
+
+    sizes = [1024.0, 65536.0, 524288.0, 4194304.0]
+    samples = [[n, 1.2e-3 + n / 1.5e9] for n in sizes]  # 2 ranks move 2·(1/2)·N bytes
+    fit = fit_link("all_reduce", samples)
+    link = Link(**fit)
+    for n, t in samples:
+        assert sum(link.parts("all_reduce", 2, n, ring=True)) == pytest.approx(t, rel=1e-6)
+    assert link.parts("all_reduce", 4, 1024.0, ring=True)[0] == pytest.approx(3 * 1.2e-3, rel=1e-6)
+
+
+def test_a_one_element_all_reduce_is_priced_by_its_own_timing() -> None:
+    """gloo sends a one-element all-reduce (the step barrier, the gradient norm) far faster
+    than the link's line says; a link that timed it prices such all-reduces by that timing,
+    scaled by ring steps beyond two ranks, and anything larger by the line."""
+    from canzona.hardware import Link
+
+    link = Link(latency_s=6e-4, bandwidth_Bps=1e9, step_latency_s=6e-4, one_element_s=3e-4)
+    assert link.parts("all_reduce", 2, 4.0, ring=True) == (3e-4, 0.0)
+    assert link.parts("all_reduce", 4, 4.0, ring=True) == (pytest.approx(9e-4), 0.0)
+    assert link.parts("all_reduce", 2, 8.0, ring=True)[0] == pytest.approx(1.2e-3)
+    assert Link(6e-4, 1e9, 6e-4).parts("all_reduce", 2, 4.0, ring=True)[0] == pytest.approx(1.2e-3)
 
 
 def test_process_layout_and_what_one_gpu_keeps() -> None:
