@@ -72,22 +72,24 @@ def time_collectives(world: int, quick: bool, clock: Clock) -> dict[str, list[li
         n -= n % world
         for kind, (fn, nbytes) in collective_ops(n, world, clock.device).items():
             fn()
-            times = []
-            for _ in range(reps):
-                dist.barrier()
-                times.append(clock.time(fn))
-            t = torch.tensor([statistics.fmean(times)], device=clock.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            samples[kind].append([float(nbytes), float(t)])
+            samples[kind].append([float(nbytes), _slowest_mean(fn, reps, clock)])
     one = torch.ones(1, device=clock.device)
+    samples[ONE_ELEMENT] = [[4.0, _slowest_mean(partial(dist.all_reduce, one), 4 * reps, clock)]]
+    return samples
+
+
+def _slowest_mean(fn: Callable[[], Any], reps: int, clock: Clock) -> float:
+    """Seconds of ``fn``: the mean over ``reps`` calls, each after a barrier, on the slowest rank."""
+    import torch
+    import torch.distributed as dist
+
     times = []
-    for _ in range(4 * reps):
+    for _ in range(reps):
         dist.barrier()
-        times.append(clock.time(partial(dist.all_reduce, one)))
+        times.append(clock.time(fn))
     t = torch.tensor([statistics.fmean(times)], device=clock.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    samples[ONE_ELEMENT] = [[4.0, float(t)]]
-    return samples
+    return float(t)
 
 
 def time_overlap(quick: bool, clock: Clock,
