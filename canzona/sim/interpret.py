@@ -77,6 +77,10 @@ class ProgramSim:
         self.world = self.grid.world
         self.scale, self.step_scale = scale, step_scale
         self.tl = Timeline(self.world, hw.overlap, scale, hw.peer_wait_after if hw.peer_wait else None)
+        # On an oversubscribed CPU a rank blocked in a model unit's TP collective holds no core
+        # (its wait is the calibrated scheduling wait, `Hardware.oversubscribed`): the unit's
+        # blocked seconds pay its communication debt first (`Timeline.host_all`'s ``idle``)
+        self.idle_absorbs = bool(hw.contention_s)
         self.opt = cfg.optimizer.name if plan.matrix_rule else "adamw"
         self.ns = (cfg.optimizer.ns_dtype, cfg.optimizer.ns_steps)
         # Muon's opt-in stacked Newton–Schulz over a call's equal shapes (`Hardware.matrix_call`)
@@ -438,7 +442,7 @@ class ProgramSim:
                         if w.then is not None:
                             self.issue(r, w.then)
                         tl.close(r, start, "param_sync", f"wait {w.tag}")
-                tl.host_all(everyone, sec)
+                tl.host_all(everyone, sec, idle=tp_sec if self.idle_absorbs else 0.0)
                 if self.tp > 1 and tp_sec > 0:  # the unit's own TP all-reduces, on the TP stream
                     for members in tp_groups:
                         tl.blocking(members, "tp", tp_sec, "forward TP all-reduces")
@@ -457,7 +461,7 @@ class ProgramSim:
         chains = [[lo, hi] for lo, hi in space.chains]  # per chain: next bucket to launch, end
         with tl.phase(everyone, "backward"):
             for sec, done, comm in work.backward_units:
-                tl.host_all(everyone, sec, comm)
+                tl.host_all(everyone, sec, comm, idle=comm if self.idle_absorbs else 0.0)
                 for i in done:
                     ready[bucket_of[i]] += 1
                 for chain in chains:

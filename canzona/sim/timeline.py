@@ -14,7 +14,8 @@ collective is only created once every member has reached it. Rules:
   ``1 - overlap`` of each collective's busy time (`Hardware.collective_parts`: on a GPU the
   transfer; on a CPU the latency too, gloo's calls run on the rank's cores) is
   charged to each member's host as a debt, paid by the next host work, less whatever time the
-  host spent idle waiting meanwhile.
+  host spent idle waiting meanwhile, or will spend blocked in the same unit of model work
+  (`host_all`'s ``idle``: an oversubscribed CPU's forward and backward TP collectives).
 
 - ``peer_wait`` (CPU calibrations: `canzona.calibrate.peer_wait`): a collective starts that much
   later than its last member issues it, a function of the most host work a member did since its
@@ -87,13 +88,18 @@ class Timeline:
         self.busy[r] += dur
         self.debt[r] = 0.0
 
-    def host_all(self, ranks: Sequence[int], seconds: float, comm: float = 0.0) -> None:
+    def host_all(self, ranks: Sequence[int], seconds: float, comm: float = 0.0, idle: float = 0.0) -> None:
         """`host` on each of `ranks` (the same work on every rank, one call); ``comm``: the part
-        of ``seconds`` spent in blocking collectives, not stretched by ``scale``."""
+        of ``seconds`` spent in blocking collectives, not stretched by ``scale``; ``idle``:
+        seconds the ranks will sit idle in blocking collectives within the same unit of work,
+        which pay the debt before the work does (a rank blocked on its peers leaves its core to
+        its own comm thread: on an oversubscribed CPU the forward's TP collectives absorb the
+        parameter gathers in flight)."""
         cpu, busy, debt = self.cpu, self.busy, self.debt
         work = seconds * self.scale if self.scale == 1.0 or not comm else (seconds - comm) * self.scale + comm
         for r in ranks:
-            dur = work + debt[r]
+            owed = debt[r] - idle
+            dur = work + owed if owed > 0.0 else work
             cpu[r] += dur
             busy[r] += dur
             debt[r] = 0.0
