@@ -152,7 +152,8 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
         out.append("every collective starts after its members' drift: the wait the calibration measured after the "
                    "most work a member did since its previous collective ("
                    + ", ".join(f"{t * 1e3:.2g} ms after {w * 1e3:.2g} ms" for w, t in hw.peer_wait)
-                   + "; canzona.calibrate.peer_wait)")
+                   + "; canzona.calibrate.peer_wait); the optimizer step, as the records take it (the slowest "
+                   "rank's), that drift longer than the lockstep ranks' for the work after their last collective")
     calib_threads = hw.device.get("threads")
     if hw.device.get("kind") == "cpu" and calib_threads and cfg.dist.threads_per_rank not in (None, calib_threads):
         out.append(f"trial uses {cfg.dist.threads_per_rank} threads per rank, the hardware file was timed with {calib_threads}")
@@ -210,7 +211,9 @@ def project(cfg: TrialConfig, hardware: Any, *, plan: Plan | None = None, events
         "hardware": hw.describe(),
         "assumptions": assumptions(cfg, hw, sim.scale, sim.step_scale, plan_),
         "iteration_ms": max(iter_ms),
-        "optimizer_step_ms": max(step_ms),
+        # the slowest rank's step, as the records take it (max over ranks): the lockstep step plus
+        # the ranks' drift over the work after their last collective (`Timeline.slowest_lag`)
+        "optimizer_step_ms": max(step_ms) + tl.slowest_lag("step_end") * 1e3,
         "param_sync_ms": phases_max["param_sync"],
         # the exposed parameter sync less the waits for peers still in their optimizer step
         "param_sync_transfer_ms": max(row["param_sync_ms"] - row["param_sync_peer_ms"] for row in rows),

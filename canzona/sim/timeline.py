@@ -116,10 +116,23 @@ class Timeline:
         self.debt[r] = debt if debt > 0.0 else 0.0
 
     def mark(self, ranks: Sequence[int], name: str) -> None:
-        """Record each rank's time (since its ``origin``) under ``name``."""
+        """Record each rank's time (since its ``origin``) under ``name``; ``name:busy`` its host
+        work so far, ``name:apart`` the host work since its last collective (`slowest_lag`)."""
         for r in ranks:
             self.marks[r][name] = self.cpu[r] - self.origin[r]
             self.marks[r][f"{name}:busy"] = self.busy[r]
+            self.marks[r][f"{name}:apart"] = self.busy[r] - self.met[r]
+
+    def slowest_lag(self, name: str) -> float:
+        """How much later than the simulated ranks the slowest real rank reaches mark ``name``:
+        the ranks left their last collective together and each did its ``name:apart`` seconds of
+        work since, which on a shared machine they finish apart (`peer_wait`: the later of two
+        after that much work). A measurement that takes the max over ranks of a span ending at
+        the mark (the optimizer step) reads that much more than the lockstep timeline; 0 without
+        a drift curve or with one rank."""
+        if self.peer_wait is None or self.world < 2:
+            return 0.0
+        return self.peer_wait(max(m[f"{name}:apart"] for m in self.marks))
 
     @contextmanager
     def phase(self, ranks: Sequence[int], name: str, label: str | None = None) -> Iterator[None]:

@@ -194,3 +194,39 @@ def test_on_an_oversubscribed_cpu_the_forwards_tp_waits_absorb_the_parameter_gat
         overlapped, after = (project(load_config([*base, f"parallel.tp={tp}", f"dist.overlap_param_gather={o}"]), hw)
                              for o in ("true", "false"))
         assert (overlapped["forward_ms"] == after["forward_ms"]) == absorbed, (tp, overlapped, after)
+
+
+def test_the_slowest_rank_lags_by_the_drift_of_its_work_since_the_last_collective() -> None:
+    """A mark's ``apart`` is the host work since the rank's last collective; the slowest real
+    rank reaches the mark the drift of the most such work later (`Timeline.slowest_lag`)."""
+    tl = Timeline(2, peer_wait=lambda work: 0.1 * work)
+    tl.host(0, 1.0)
+    tl.collective([0, 1], "dp", 0.5, "a")
+    tl.host(0, 2.0)
+    tl.host(1, 3.0)
+    tl.mark([0, 1], "step_end")
+    assert [m["step_end:apart"] for m in tl.marks] == [2.0, 3.0]
+    assert abs(tl.slowest_lag("step_end") - 0.3) < 1e-12
+    assert Timeline(1, peer_wait=lambda work: 0.1 * work).slowest_lag("x") == 0.0  # nobody to lag behind
+    assert Timeline(2).slowest_lag("x") == 0.0  # no curve
+
+
+def test_the_projected_step_is_the_slowest_ranks() -> None:
+    """With a drift curve the projected optimizer step (max over ranks, as summary.json takes
+    it) is the lockstep step plus the drift after the step's last collective: canzona at DP 2
+    computes its owned matrices after the gradient-norm all-reduce, apart."""
+    from canzona.config import load_config
+    from canzona.sim.simulate import project
+
+    base = _cpu_hardware(0.0)
+    data = dict(base.raw)
+    data["compute"] = {**data["compute"], "peer_wait": [[1e-4, 1e-3], [1e-2, 3e-3]]}
+    hw = load_hardware(data)
+    cfg = load_config(["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "method=canzona",
+                       "optimizer=muon", "dist.device=cpu", "dist.threads_per_rank=1", "train.seq_len=32",
+                       "parallel.dp=2"])
+    res, without = project(cfg, hw), project(cfg, base)
+    lockstep = max(r["optimizer_step_ms"] for r in res["steps"])
+    assert res["optimizer_step_ms"] > lockstep + 1.0  # at least the curve's first point
+    assert without["optimizer_step_ms"] == max(r["optimizer_step_ms"] for r in without["steps"])
+    assert any("slowest rank" in a for a in res["assumptions"])
