@@ -34,34 +34,12 @@ name.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cache
-
-import numpy as np
 
 from canzona.records import CATEGORY
-
-
-@cache
-def straggler_factor(n: int) -> float:
-    """How much later the last of ``n`` ranks finishes than the later of two, after the same work
-    with independent jitter: E[max of n standard normals] / E[max of 2] (1 for n <= 2; 1.82 for
-    4, 2.52 for 8). The calibration measures the drift between two ranks (`peer_wait`); the
-    records' max over a trial's ranks (`slowest_lag`) reads the slowest of all of them. (The
-    collectives keep the pair's curve: their groups are pairs in the local sweeps, and scaling
-    the 4-rank step barrier and gradient-norm all-reduce by it over-predicted a measured AdamW
-    step by 30-50 %, docs/results.md.)"""
-    if n <= 2:
-        return 1.0
-    x = np.linspace(-9.0, 9.0, 7201)
-    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
-    expected_max = float(np.sum(x * n * pdf * cdf ** (n - 1)) * (x[1] - x[0]))
-    return expected_max * math.sqrt(math.pi)  # E[max of 2] = 1 / sqrt(pi)
 
 
 @dataclass
@@ -154,7 +132,7 @@ class Timeline:
         a drift curve or with one rank."""
         if self.peer_wait is None or self.world < 2:
             return 0.0
-        return self.peer_wait(max(m[f"{name}:apart"] for m in self.marks)) * straggler_factor(self.world)
+        return self.peer_wait(max(m[f"{name}:apart"] for m in self.marks))
 
     @contextmanager
     def phase(self, ranks: Sequence[int], name: str, label: str | None = None) -> Iterator[None]:
