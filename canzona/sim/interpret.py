@@ -81,6 +81,9 @@ class ProgramSim:
         # (its wait is the calibrated scheduling wait, `Hardware.oversubscribed`): the unit's
         # blocked seconds pay its communication debt first (`Timeline.host_all`'s ``idle``)
         self.idle_absorbs = bool(hw.contention_s)
+        # ... and a comm thread that no such idle time absorbs preempts the rank's compute, which
+        # waits the calibrated scheduling wait for its core back (`Timeline._settle`)
+        self.tl.preempt_s = hw.contention_s
         self.opt = cfg.optimizer.name if plan.matrix_rule else "adamw"
         self.ns = (cfg.optimizer.ns_dtype, cfg.optimizer.ns_steps)
         # Muon's opt-in stacked Newton–Schulz over a call's equal shapes (`Hardware.matrix_call`)

@@ -16,6 +16,9 @@ collective is only created once every member has reached it. Rules:
   charged to each member's host as a debt, paid by the next host work, less whatever time the
   host spent idle waiting meanwhile, or will spend blocked in the same unit of model work
   (`host_all`'s ``idle``: an oversubscribed CPU's forward and backward TP collectives).
+- ``preempt_s`` (an oversubscribed CPU: the calibrated scheduling wait): a comm thread whose work
+  no idle time absorbs preempts the rank's compute, and the rank waits that long for its core
+  back, once per collective whose debt its host work pays (`_settle`).
 
 - ``peer_wait`` (CPU calibrations: `canzona.calibrate.peer_wait`): a collective starts that much
   later than its last member issues it, a function of the most host work a member did since its
@@ -59,6 +62,8 @@ class Timeline:
         self.scale = scale
         self.cpu = [0.0] * world
         self.debt = [0.0] * world
+        self.preempt_s = 0.0
+        self.owed_calls = [0] * world  # collectives whose debt is still outstanding (`_settle`)
         self.streams: dict[str, list[float]] = defaultdict(lambda: [0.0] * world)
         # per rank, its phase blocks as (name, phase, start_ms, dur_ms): dicts only when read
         self.events: list[list[tuple[str, str, float, float]]] = [[] for _ in range(world)]
@@ -81,12 +86,22 @@ class Timeline:
             self.marks[r] = {}
 
     # ------------------------------------------------------------------ host side
-    def host(self, r: int, seconds: float) -> None:
-        """Host work on rank r (plus any communication debt it has to pay)."""
-        dur = seconds * self.scale + self.debt[r]
-        self.cpu[r] += dur
-        self.busy[r] += dur
+    def _settle(self, r: int, owed: float) -> float:
+        """Seconds rank r's host loses paying ``owed`` of its comm debt with its own work: the
+        debt, plus `preempt_s` per collective it was for (its comm thread preempted the work);
+        nothing once idle time has paid it all. The debt is settled either way."""
+        calls = self.owed_calls[r]
         self.debt[r] = 0.0
+        self.owed_calls[r] = 0
+        if not owed > 0.0:
+            return 0.0
+        return owed + self.preempt_s * calls
+
+    def host(self, r: int, seconds: float) -> None:
+        """Host work on rank r (plus any communication debt it has to pay, `_settle`)."""
+        work = seconds * self.scale
+        self.busy[r] += work + self.debt[r]
+        self.cpu[r] += work + self._settle(r, self.debt[r])
 
     def host_all(self, ranks: Sequence[int], seconds: float, comm: float = 0.0, idle: float = 0.0) -> None:
         """`host` on each of `ranks` (the same work on every rank, one call); ``comm``: the part
@@ -95,14 +110,18 @@ class Timeline:
         which pay the debt before the work does (a rank blocked on its peers leaves its core to
         its own comm thread: on an oversubscribed CPU the forward's TP collectives absorb the
         parameter gathers in flight)."""
-        cpu, busy, debt = self.cpu, self.busy, self.debt
+        cpu, busy, debt, settle = self.cpu, self.busy, self.debt, self._settle
         work = seconds * self.scale if self.scale == 1.0 or not comm else (seconds - comm) * self.scale + comm
         for r in ranks:
             owed = debt[r] - idle
-            dur = work + owed if owed > 0.0 else work
-            cpu[r] += dur
-            busy[r] += dur
-            debt[r] = 0.0
+            if owed > 0.0:
+                busy[r] += work + owed
+                cpu[r] += work + settle(r, owed)
+            else:
+                busy[r] += work
+                cpu[r] += work
+                if debt[r]:
+                    settle(r, 0.0)
 
     def wait(self, r: int, handle: Handle) -> None:
         # idle = max(0, end - cpu); cpu = max(cpu, end); debt = max(0, debt - idle), spelled out
@@ -113,7 +132,11 @@ class Timeline:
         if end > cpu:
             self.cpu[r] = end
         debt = self.debt[r] - idle
-        self.debt[r] = debt if debt > 0.0 else 0.0
+        if debt > 0.0:
+            self.debt[r] = debt
+        else:
+            self.debt[r] = 0.0
+            self.owed_calls[r] = 0
 
     def mark(self, ranks: Sequence[int], name: str) -> None:
         """Record each rank's time (since its ``origin``) under ``name``; ``name:busy`` its host
@@ -172,10 +195,9 @@ class Timeline:
         cpu = self.cpu
         start = cpu[r]
         if seconds is not None:
-            dur = seconds * self.scale + self.debt[r]
-            cpu[r] += dur
-            self.busy[r] += dur
-            self.debt[r] = 0.0
+            work = seconds * self.scale
+            self.busy[r] += work + self.debt[r]
+            cpu[r] += work + self._settle(r, self.debt[r])
         dur = cpu[r] - start
         nested = self._nested[r]
         if nested:
@@ -213,6 +235,7 @@ class Timeline:
                 self.stream_events[r].append(ev)
                 if debt:
                     self.debt[r] += debt
+                    self.owed_calls[r] += 1
         return Handle(label, start, end, max(at))
 
     def blocking(self, ranks: Sequence[int], stream: str, seconds: float, label: str) -> Handle:
@@ -221,6 +244,7 @@ class Timeline:
         for r in ranks:
             self.wait(r, h)
             self.debt[r] = 0.0  # the host was blocked for the whole collective
+            self.owed_calls[r] = 0
         return h
 
     # ------------------------------------------------------------------ results
