@@ -232,6 +232,9 @@ class Hardware:
         # Whether calls issued as one coalesced group launch together (NCCL's group calls on
         # GPUs); gloo on CPUs has no coalescing and runs them one after another.
         self.coalesces = bool(comp.get("coalesces", self.device.get("kind", "cpu") != "cpu"))
+        # How many collectives of one process group run at once: gloo's worker threads (two per
+        # group unless its options say otherwise) on a CPU; NCCL's one stream per communicator
+        self.comm_lanes = int(comp.get("comm_lanes", 1 if self.device.get("kind", "cpu") != "cpu" else 2))
         # Whether a collective's latency keeps the rank's core busy (`collective_parts`): gloo on a CPU
         self.latency_busy = self.device.get("kind", "cpu") == "cpu"
         self.updates = {o: {k: float(v) for k, v in (t or {}).items()} for o, t in (data.get("updates") or {}).items()}
@@ -309,6 +312,7 @@ class Hardware:
             **({"oversubscribed_collective_wait_ms": r(self.sched_wait_s * 1e3)} if self.sched_wait_s else {}),
             **({"peer_wait_ms_after_work_ms": [[r(w * 1e3), r(t * 1e3)] for w, t in self.peer_wait]}
                if self.peer_wait else {}),
+            **({"collectives_at_once_per_group": self.comm_lanes} if self.comm_lanes > 1 else {}),
             "optimizer_table": sorted(o for o, t in self.batched.items() if t) or "none (flops at the matmul rate)",
         }
         for level, links in self.links.items():

@@ -76,7 +76,8 @@ class ProgramSim:
         self.grid: RankLayout = plan.rank_layout
         self.world = self.grid.world
         self.scale, self.step_scale = scale, step_scale
-        self.tl = Timeline(self.world, hw.overlap, scale, hw.peer_wait_after if hw.peer_wait else None)
+        self.tl = Timeline(self.world, hw.overlap, scale, hw.peer_wait_after if hw.peer_wait else None,
+                           lanes=hw.comm_lanes)
         # On an oversubscribed CPU a rank blocked in a model unit's TP collective holds no core
         # (its wait is the calibrated scheduling wait, `Hardware.oversubscribed`): the unit's
         # blocked seconds pay its communication debt first (`Timeline.host_all`'s ``idle``)

@@ -133,7 +133,9 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
     out += [
         "collectives: latency + (steps - 1)·step latency + bytes/bandwidth, ring volumes and steps (all-reduce: "
         "the tree's 2·log2 P steps when fewer); a group spanning more than one node runs at the network bandwidth "
-        "(one NIC per GPU); concurrent groups do not contend",
+        "(one NIC per GPU); concurrent groups do not contend; "
+        + (f"a group runs {hw.comm_lanes} of its collectives at once (gloo's worker threads), each in issue order"
+           if hw.comm_lanes > 1 else "a group runs its collectives one after another (one stream per communicator)"),
         f"ranks TP-contiguous (rank = dp_rank·tp + tp_rank), {hw.ranks_per_node or 'all'} ranks per node",
         f"communication/compute overlap fraction {hw.overlap:g}",
         ("optimizer updates from the hardware file's measured per-shape table (unmeasured shapes scaled by flops), "

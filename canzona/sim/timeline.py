@@ -8,6 +8,8 @@ collective is only created once every member has reached it. Rules:
 - host work advances that rank's host clock;
 - a collective starts when every member has issued it (their host clocks) and every member's
   stream for that group kind is free, runs for the hardware's time, and occupies those streams
+  (``lanes`` > 1: a stream runs that many collectives at once -- gloo's worker threads, two per
+  process group by default -- each taking the lane that frees first, in issue order)
   (collectives of one group kind run in issue order, as on one NCCL communicator or gloo pair);
 - waiting on a collective moves the host clock to its end (if later);
 - ``overlap`` < 1 (CPU / gloo: communication shares the cores with compute): a fraction
@@ -55,8 +57,11 @@ class Handle:
 
 class Timeline:
     def __init__(self, world: int, overlap: float = 1.0, scale: float = 1.0,
-                 peer_wait: Callable[[float], float] | None = None):
+                 peer_wait: Callable[[float], float] | None = None, lanes: int = 1):
         self.world = world
+        self.lanes = max(1, int(lanes))
+        # per stream, per rank, when each lane frees (``lanes`` > 1; ``streams`` otherwise)
+        self.lane_clocks: dict[str, list[list[float]]] = defaultdict(lambda: [[0.0] * self.lanes for _ in range(world)])
         self.peer_wait = peer_wait
         self.overlap = min(1.0, max(0.0, overlap))
         self.scale = scale
@@ -215,7 +220,6 @@ class Timeline:
         busy = (seconds if transfer_s is None else transfer_s) * self.scale
         # the latency waits on the peers and holds no core: only the transfer is stretched
         dur = seconds * self.scale if self.scale == 1.0 or transfer_s is None else seconds - transfer_s + busy
-        clocks = self.streams[stream]
         at = [self.cpu[r] for r in ranks] if issued is None else issued
         drift = 0.0  # the last member's arrival after the peers' drift (`peer_wait`)
         if self.peer_wait is not None and len(ranks) > 1:
@@ -223,10 +227,19 @@ class Timeline:
             drift = self.peer_wait(max(d - self.met[r] for d, r in zip(done, ranks)))
             for d, r in zip(done, ranks):
                 self.met[r] = d
-        start = max(max(max(at) + drift, clocks[r]) for r in ranks)
-        end = start + dur
-        for r in ranks:
-            clocks[r] = end
+        if self.lanes == 1:
+            clocks = self.streams[stream]
+            start = max(max(max(at) + drift, clocks[r]) for r in ranks)
+            end = start + dur
+            for r in ranks:
+                clocks[r] = end
+        else:  # the lane of each member that frees first
+            lanes = self.lane_clocks[stream]
+            start = max(max(at) + drift, max(min(lanes[r]) for r in ranks))
+            end = start + dur
+            for r in ranks:
+                free = lanes[r]
+                free[free.index(min(free))] = end
         if dur > 0:
             # one event shared by the members' lists (read-only once recorded)
             ev = {"name": label, "cat": "comm", "start_ms": start * 1e3, "dur_ms": dur * 1e3, "lane": f"{stream} stream"}
