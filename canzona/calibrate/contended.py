@@ -12,6 +12,12 @@ the same loop without the all-reduce. The difference per iteration, less the col
 latency (the two-process calibration's), is ``compute.sched_wait_s`` in the hardware file; the
 simulator adds it to every collective of a trial whose ranks oversubscribe the CPU
 (`canzona.hardware.Hardware.oversubscribed`).
+
+The chunk is about a layer's work between two of a tp=2 trial's TP collectives at 4 ranks on
+2 cores (2.5 ms): the wait grows with the work the pair did apart (on the 2-core VM, three
+curves of 0.3 to 6 ms chunks read 1.1-1.6 ms per collective after 0.3-0.6 ms of work, 1.5-1.7
+after 2.5 ms, 1.7-2.6 after 6 ms, latency included; docs/results.md), and a 0.3 ms chunk read
+0.5-1.7 ms from one calibration to the next while the trials' TP collectives waited 1.0-1.6.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 from canzona.calibrate.workers import spawn_for_result
 
 MAX_PROCESSES = 8  # larger machines are not oversubscribed by the local sweeps; not measured there
+CHUNK_MATMULS = 64  # 96x96 fp32 matmuls between two collectives (the module's docstring)
 
 
 def _loop(chunk: Any, reps: int, pair: Any | None, buf: Any) -> float:
@@ -68,8 +75,8 @@ def _worker(rank: int, world: int, port: int, reps: int, rounds: int, out: str) 
         a = torch.randn(96, 96) / 96**0.5
         buf = torch.zeros(64)
 
-        def chunk() -> None:  # about 0.3 ms of work per rank under contention: a small layer between two TP collectives
-            for _ in range(16):
+        def chunk() -> None:  # about 2.5 ms of work per rank under contention: a layer between two TP collectives
+            for _ in range(CHUNK_MATMULS):
                 a @ a
 
         _loop(chunk, 5, pair, buf)  # warm-up: gloo pairs, allocator
@@ -90,7 +97,7 @@ def measure_sched_wait(cores: int, latency_s: float, quick: bool = False) -> dic
     world = 2 * cores
     if cores < 1 or world > MAX_PROCESSES:
         return None
-    reps, rounds = (20, 3) if quick else (40, 5)
+    reps, rounds = (10, 5) if quick else (20, 7)
     res = spawn_for_result(_worker, world, reps, rounds)
     wait = max(0.0, res["with_all_reduce_s"] - res["compute_s"] - latency_s)
     return {"processes": world, "cores": cores, **res, "latency_s": latency_s, "sched_wait_s": wait}
