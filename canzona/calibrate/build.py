@@ -60,7 +60,8 @@ CALIBRATION_FORMAT = 10  # 3: a CPU's scheduling wait of collectives under overs
 # 8: a collective's wait for its peers by the work done since they last met (`canzona.calibrate.peer_wait`)
 # 9: a link's latency per ring step from the fitted intercept (an all-reduce's two steps at 2 processes
 #    were priced twice the intercept before), the one-element all-reduce (``one_element_s``)
-# 10: the contended wait after a layer's work (2.5 ms) instead of 0.3 ms, more rounds
+# 10: the contended wait after a layer's work (2.5 ms) instead of 0.3 ms, more rounds; the small
+#     collectives' means over four times the repeats
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:

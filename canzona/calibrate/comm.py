@@ -49,6 +49,8 @@ def sizes(quick: bool, gpu: bool) -> list[int]:
 
 
 ONE_ELEMENT = "all_reduce_one_element"  # the samples' key of the one-element all-reduce
+SMALL = 1 << 17  # elements: buffers whose time is mostly latency (`time_collectives`)
+SMALL_REPS_FACTOR = 4
 
 
 def time_collectives(world: int, quick: bool, clock: Clock) -> dict[str, list[list[float]]]:
@@ -59,7 +61,10 @@ def time_collectives(world: int, quick: bool, clock: Clock) -> dict[str, list[li
     `ONE_ELEMENT`, an all-reduce of one fp32 element (the step barrier's and the gradient norm's):
     gloo sends it far faster than the smallest buffer above (2-process VM: 0.26 ms against 1.0 ms
     for 256 elements, the larger message's mean held up by waits of a scheduler tick), so the
-    link's line would overprice it."""
+    link's line would overprice it. Buffers up to `SMALL` elements take `SMALL_REPS_FACTOR` times
+    the repeats: their mean is a few long waits among many short calls (2-process VM: 0.6 ms
+    calls, 4-10 ms waits), which 12 repeats sampled so unevenly that two calibrations an hour
+    apart fitted an all-reduce intercept of 0.64 and 1.32 ms."""
     import torch
     import torch.distributed as dist
 
@@ -72,7 +77,7 @@ def time_collectives(world: int, quick: bool, clock: Clock) -> dict[str, list[li
         n -= n % world
         for kind, (fn, nbytes) in collective_ops(n, world, clock.device).items():
             fn()
-            samples[kind].append([float(nbytes), _slowest_mean(fn, reps, clock)])
+            samples[kind].append([float(nbytes), _slowest_mean(fn, reps * (SMALL_REPS_FACTOR if n <= SMALL else 1), clock)])
     one = torch.ones(1, device=clock.device)
     samples[ONE_ELEMENT] = [[4.0, _slowest_mean(partial(dist.all_reduce, one), 4 * reps, clock)]]
     return samples
