@@ -29,13 +29,15 @@ Keys: ``out=PATH`` (required), ``name=`` (default: the file stem), ``quick=true`
 CPU, about a minute on a GPU), ``budget_s=`` (optimizer timing budget, default 30; quick 3),
 ``threads=1``, ``width_divs=8,16,32``, ``optimizers=muon,shampoo,soap``, ``collectives=true``,
 ``model=`` (default: not quick), ``precondition_frequency=10``, ``device=auto|cpu|cuda``,
-``spec=auto|none|h100|h200|a100``. Unknown keys are refused.
+``spec=auto|none|h100|h200|a100``, ``repeats=1`` (calibrate that many times in a row, keep the
+median of each number: `repeat`). Unknown keys are refused.
 Everything is written to one YAML file in the format of `canzona.hardware`;
 `canzona.cost.load_measured` reads its ``updates`` table for ``planner.cost=measured``.
 
 Modules: `settings` (the command line), `shapes` (what to time), `clock` (timing a call on the
 device), `compute` (maths), `comm` (collectives), `model_pass` (forward / backward), `workers`
-(the processes), `fit` (the fits), `build` (the run and the hardware file). Apart from that CLI,
+(the processes), `fit` (the fits), `build` (the run and the hardware file), `repeat` (several
+runs as one). Apart from that CLI,
 `cache` and `kernels` keep the planner's own calibration: the shapes a plan needs, timed on
 demand into a per-machine cache outside the repository (``planner.cost=auto``, the default).
 """

@@ -65,7 +65,26 @@ CALIBRATION_FORMAT = 10  # 3: a CPU's scheduling wait of collectives under overs
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
-    """Measure this machine and return its hardware description (a dict; `write_hardware` writes it)."""
+    """Measure this machine and return its hardware description (a dict; `write_hardware` writes
+    it); with ``repeats`` > 1, that many calibrations in a row, number by number their median
+    (`canzona.calibrate.repeat`), with the spread of a few headline numbers recorded."""
+    if opts.repeats <= 1:
+        return _calibrate_once(opts, log)
+    from canzona.calibrate.repeat import median_of, spread
+
+    runs = []
+    for k in range(opts.repeats):
+        log(f"calibration {k + 1} of {opts.repeats}:")
+        runs.append(_calibrate_once(opts, log))
+    out = median_of(runs)
+    out["calibration"] = {**out["calibration"], "repeats": opts.repeats, "spread": spread(runs)}
+    log("  median of the calibrations; their spread: " + ", ".join(
+        f"{k} {lo:g}-{hi:g}" for k, (lo, hi) in out["calibration"]["spread"].items()))
+    return out
+
+
+def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
+    """One calibration of this machine (`calibrate`)."""
     import torch
 
     started = time.perf_counter()

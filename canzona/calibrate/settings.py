@@ -40,6 +40,9 @@ class Settings:
     ns_dtype: str = setting("auto", "Newton-Schulz dtype Muon's updates are timed in: auto (bfloat16 on a GPU, as the "
                                     "GPU profiles and Megatron run it; float32 on a CPU, the option's default), "
                                     "float32, bfloat16", choices=NS_DTYPE_CHOICES)
+    repeats: int = setting(1, "calibrate this many times in a row and keep, number by number, the median "
+                              "(canzona.calibrate.repeat: a shared machine's rates move between minutes); "
+                              "a measured sweep's own calibration of this machine takes 3")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Options:
     device: str  # auto | cpu | cuda (auto is resolved where torch is imported)
     spec: str
     ns_dtype: str = "auto"  # auto | float32 | bfloat16 (auto is resolved with the device: `ns_dtype_for`)
+    repeats: int = 1
 
     def ns_dtype_for(self, device_kind: str) -> str:
         """The Newton-Schulz dtype Muon is timed in on a ``device_kind`` device."""
@@ -86,6 +90,8 @@ def parse_args(argv: Sequence[str]) -> Options:
         raise ConfigError(f"spec={s.spec!r}; allowed: {', '.join(SPEC_CHOICES)}")
     if s.threads < 1 or s.precondition_frequency < 1:
         raise ConfigError(f"threads={s.threads} and precondition_frequency={s.precondition_frequency} must be >= 1")
+    if s.repeats < 1:
+        raise ConfigError(f"repeats={s.repeats} must be >= 1")
     budget = s.budget_s if s.budget_s is not None else (3.0 if s.quick else 30.0)
     if budget <= 0:
         raise ConfigError(f"budget_s={budget} must be positive")
@@ -93,7 +99,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         out=s.out, name=s.name or Path(s.out).stem, quick=s.quick, budget_s=float(budget), threads=s.threads,
         width_divs=width_divs, optimizers=optimizers, collectives=s.collectives,
         model=(not s.quick) if s.model is None else s.model, precondition_frequency=s.precondition_frequency,
-        device=s.device, spec=s.spec, ns_dtype=s.ns_dtype,
+        device=s.device, spec=s.spec, ns_dtype=s.ns_dtype, repeats=s.repeats,
     )
 
 
