@@ -275,12 +275,17 @@ class Hardware:
     def describe(self) -> dict[str, Any]:
         """Name, source, path, device, topology and fingerprint; on a calibrated CPU also
         ``cpu_sharing``: what a collective waits for its peers (``sched_wait_ms`` when ranks
-        oversubscribe the cores, ``peer_wait_ms``: [[work ms, wait ms], ...] after work apart)."""
+        oversubscribe the cores, ``peer_wait_ms``: [[work ms, wait ms], ...] after work apart);
+        for the median of several calibrations ``calibration_spread``: how many, and the range of
+        a few headline numbers across them."""
         out = {"name": self.name, "source": self.source, "path": self.path, "device": self.device.get("name"),
                "ranks_per_node": self.ranks_per_node, "fingerprint": self.fingerprint}
         if self.sched_wait_s or self.peer_wait:
             out["cpu_sharing"] = {"sched_wait_ms": self.sched_wait_s * 1e3,
                                   "peer_wait_ms": [[w * 1e3, t * 1e3] for w, t in self.peer_wait]}
+        calib = self.raw.get("calibration") or {}
+        if (calib.get("repeats") or 1) > 1 and calib.get("spread"):  # `canzona.calibrate.repeat`
+            out["calibration_spread"] = {"repeats": int(calib["repeats"]), "spread": dict(calib["spread"])}
         return out
 
     @property

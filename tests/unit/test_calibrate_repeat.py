@@ -57,3 +57,18 @@ def test_repeats_must_be_positive() -> None:
     assert parse_args(["out=x.yaml", "repeats=3"]).repeats == 3
     with pytest.raises(ConfigError, match="repeats=0 must be >= 1"):
         parse_args(["out=x.yaml", "repeats=0"])
+
+
+def test_a_median_files_spread_is_described_for_the_report() -> None:
+    """The report's CPU-sharing note says the file is the median of N calibrations and how far
+    they spread (`Hardware.describe`'s ``calibration_spread``); a single calibration says nothing."""
+    import yaml
+
+    from canzona.hardware import load_hardware
+
+    data = yaml.safe_load(open(load_hardware("h100").path).read())
+    data["device"] = {**data["device"], "kind": "cpu", "cores": 2, "threads": 1}
+    assert "calibration_spread" not in load_hardware(data).describe()
+    data["calibration"] = {"format": 10, "repeats": 3, "spread": {"adamw_ns_per_element": [0.62, 1.09]}}
+    assert load_hardware(data).describe()["calibration_spread"] == {
+        "repeats": 3, "spread": {"adamw_ns_per_element": [0.62, 1.09]}}
