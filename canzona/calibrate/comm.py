@@ -79,7 +79,7 @@ def time_collectives(world: int, quick: bool, clock: Clock) -> dict[str, list[li
             fn()
             samples[kind].append([float(nbytes), _slowest_mean(fn, reps * (SMALL_REPS_FACTOR if n <= SMALL else 1), clock)])
     one = torch.ones(1, device=clock.device)
-    samples[ONE_ELEMENT] = [[4.0, _slowest_mean(partial(dist.all_reduce, one), 4 * reps, clock)]]
+    samples[ONE_ELEMENT] = [[4.0, _slowest_mean(partial(dist.all_reduce, one), SMALL_REPS_FACTOR * reps, clock)]]
     return samples
 
 

@@ -3,6 +3,8 @@ where this machine's calibration is kept (docs/results.md § Predicted against m
 
 from __future__ import annotations
 
+from typing import Any
+
 import yaml
 
 from canzona.hardware import load_hardware
@@ -53,13 +55,14 @@ def test_this_machines_calibration_is_reused_only_in_its_format(tmp_path, monkey
     assert lines == [f"[calibrate] reused this machine's calibration: {path}"]
 
 
-def _cpu_hardware(sched_wait_s: float):
-    """The h100 file as a 2-core CPU with the given contended wait (the rest as it is)."""
+def _cpu_hardware(sched_wait_s: float, **compute: Any):
+    """The h100 file as a 2-core CPU with the given contended wait and ``compute`` entries (the
+    rest as it is)."""
     h100 = load_hardware("h100")
     data = yaml.safe_load(open(h100.path).read())
     data["name"] = "two-core"
     data["device"] = {**data["device"], "kind": "cpu", "cores": 2, "threads": 1}
-    data["compute"]["sched_wait_s"] = sched_wait_s
+    data["compute"].update(sched_wait_s=sched_wait_s, **compute)
     return load_hardware(data)
 
 
@@ -184,10 +187,7 @@ def test_on_an_oversubscribed_cpu_the_forwards_tp_waits_absorb_the_parameter_gat
     from canzona.config import load_config
     from canzona.sim.simulate import project
 
-    data = yaml.safe_load(open(load_hardware("h100").path).read())
-    data["device"] = {**data["device"], "kind": "cpu", "cores": 2, "threads": 1}
-    data["compute"].update(sched_wait_s=5e-3, overlap=0.0)  # every transfer keeps a core busy
-    hw = load_hardware(data)
+    hw = _cpu_hardware(5e-3, overlap=0.0)  # every transfer keeps a core busy
     base = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "method=adamw", "optimizer=adamw",
             "dist.device=cpu", "dist.threads_per_rank=1", "train.seq_len=32", "parallel.dp=2", "bucket.size=20000"]
     for tp, absorbed in ((2, True), (1, False)):
@@ -219,10 +219,7 @@ def test_the_projected_step_is_the_slowest_ranks() -> None:
     from canzona.config import load_config
     from canzona.sim.simulate import project
 
-    base = _cpu_hardware(0.0)
-    data = dict(base.raw)
-    data["compute"] = {**data["compute"], "peer_wait": [[1e-4, 1e-3], [1e-2, 3e-3]]}
-    hw = load_hardware(data)
+    base, hw = _cpu_hardware(0.0), _cpu_hardware(0.0, peer_wait=[[1e-4, 1e-3], [1e-2, 3e-3]])
     cfg = load_config(["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "method=canzona",
                        "optimizer=muon", "dist.device=cpu", "dist.threads_per_rank=1", "train.seq_len=32",
                        "parallel.dp=2"])
