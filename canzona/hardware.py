@@ -19,6 +19,8 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
                                            # ranks x threads > cores (canzona.calibrate.contended); 0: none
       peer_wait: [[work_s, wait_s], ...]   # CPU: a collective's wait for its peers after each member's
                                            # work since its previous one (canzona.calibrate.peer_wait); []: none
+      sched_wait_curve: [[work_s, wait_s], ...]  # CPU: sched_wait_s's measurement after each amount of
+                                           # work apart (canzona.calibrate.contended); []: sched_wait_s alone
     updates: {muon: {"MxN": s}, ...}       # one update of one matrix, refreshes amortised
                                            # (canzona.cost.load_measured reads this table)
     batched: {muon: {"MxN": {slope_s, overhead_s, refresh_s, stacked_slope_s}}}  # steady-state batched calls
@@ -229,6 +231,8 @@ class Hardware:
         # What a collective waits for its peers to arrive, by the work its members did since their
         # previous collective (`canzona.calibrate.peer_wait`; the timeline adds it): sorted by work
         self.peer_wait = sorted((float(w), float(t)) for w, t in (comp.get("peer_wait") or []))
+        # The contended wait by the work apart (`canzona.calibrate.contended`): what `oversubscribed` waits
+        self.sched_wait_curve = sorted((float(w), float(t)) for w, t in (comp.get("sched_wait_curve") or []))
         # Whether calls issued as one coalesced group launch together (NCCL's group calls on
         # GPUs); gloo on CPUs has no coalescing and runs them one after another.
         self.coalesces = bool(comp.get("coalesces", self.device.get("kind", "cpu") != "cpu"))
@@ -275,14 +279,17 @@ class Hardware:
     def describe(self) -> dict[str, Any]:
         """Name, source, path, device, topology and fingerprint; on a calibrated CPU also
         ``cpu_sharing``: what a collective waits for its peers (``sched_wait_ms`` when ranks
-        oversubscribe the cores, ``peer_wait_ms``: [[work ms, wait ms], ...] after work apart);
+        oversubscribe the cores, ``peer_wait_ms``: [[work ms, wait ms], ...] after work apart, and
+        ``sched_wait_curve_ms`` the same under oversubscription where the file has it);
         for the median of several calibrations ``calibration_spread``: how many, and the range of
         a few headline numbers across them."""
         out = {"name": self.name, "source": self.source, "path": self.path, "device": self.device.get("name"),
                "ranks_per_node": self.ranks_per_node, "fingerprint": self.fingerprint}
         if self.sched_wait_s or self.peer_wait:
             out["cpu_sharing"] = {"sched_wait_ms": self.sched_wait_s * 1e3,
-                                  "peer_wait_ms": [[w * 1e3, t * 1e3] for w, t in self.peer_wait]}
+                                  "peer_wait_ms": [[w * 1e3, t * 1e3] for w, t in self.peer_wait],
+                                  **({"sched_wait_curve_ms": [[w * 1e3, t * 1e3] for w, t in self.sched_wait_curve]}
+                                     if self.sched_wait_curve else {})}
         calib = self.raw.get("calibration") or {}
         if (calib.get("repeats") or 1) > 1 and calib.get("spread"):  # `canzona.calibrate.repeat`
             out["calibration_spread"] = {"repeats": int(calib["repeats"]), "spread": dict(calib["spread"])}
@@ -317,6 +324,8 @@ class Hardware:
             **({"oversubscribed_collective_wait_ms": r(self.sched_wait_s * 1e3)} if self.sched_wait_s else {}),
             **({"peer_wait_ms_after_work_ms": [[r(w * 1e3), r(t * 1e3)] for w, t in self.peer_wait]}
                if self.peer_wait else {}),
+            **({"oversubscribed_wait_ms_after_work_ms": [[r(w * 1e3), r(t * 1e3)] for w, t in self.sched_wait_curve]}
+               if self.sched_wait_curve else {}),
             **({"collectives_at_once_per_group": self.comm_lanes} if self.comm_lanes > 1 else {}),
             "optimizer_table": sorted(o for o, t in self.batched.items() if t) or "none (flops at the matmul rate)",
         }
@@ -394,9 +403,14 @@ class Hardware:
 
     def oversubscribed(self) -> Hardware:
         """This hardware as a trial whose ranks oversubscribe the CPU meets it: every collective
-        waits ``sched_wait_s`` more for its peers to be scheduled (the same file otherwise)."""
+        waits ``sched_wait_s`` more for its peers to be scheduled, and where the file has the
+        contended curve (``sched_wait_curve``) the peers' drift is that curve's excess over
+        ``sched_wait_s`` by the work apart instead of the drift measured without oversubscription
+        (``peer_wait``): what the same measurement read after longer work (the same file otherwise)."""
         out = copy.copy(self)
         out.contention_s = self.sched_wait_s
+        if self.sched_wait_curve:
+            out.peer_wait = [(w, max(0.0, t - self.sched_wait_s)) for w, t in self.sched_wait_curve]
         return out
 
     def collective(self, kind: str, nbytes: float, ranks: Sequence[int]) -> float:

@@ -51,7 +51,7 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 10  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+CALIBRATION_FORMAT = 11  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
 # 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``;
 # 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``);
 # 6: the step's passes (norm, scale, AdamW, apply) timed with cold caches on a CPU, AdamW without
@@ -62,6 +62,8 @@ CALIBRATION_FORMAT = 10  # 3: a CPU's scheduling wait of collectives under overs
 #    were priced twice the intercept before), the one-element all-reduce (``one_element_s``)
 # 10: the contended wait after a layer's work (2.5 ms) instead of 0.3 ms, more rounds; the small
 #     collectives' means over four times the repeats
+# 11: the contended wait after several amounts of work apart (``compute.sched_wait_curve``,
+#     `canzona.calibrate.contended`), what an oversubscribed trial's collectives wait by
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -132,7 +134,8 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
         contended = measure_sched_wait(int(device.get("cores") or 0), pair_latency, opts.quick)
         if contended:
             stamp(f"collectives with {contended['processes']} processes on {contended['cores']} cores: "
-                  f"{contended['sched_wait_s'] * 1e3:.2f} ms scheduling wait each")
+                  f"{contended['sched_wait_s'] * 1e3:.2f} ms scheduling wait each after a layer's work; "
+                  + ", ".join(f"{w * 1e3:.2f} ms after {work * 1e3:.1f} ms" for work, w in contended["curve"]))
     drift = None
     if kind == "cpu" and workers.get("collectives") and opts.threads == 1:
         from canzona.calibrate.peer_wait import measure_peer_wait
@@ -171,6 +174,7 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
             "overlap": overlap,
             "sched_wait_s": contended["sched_wait_s"] if contended else 0.0,
             "peer_wait": drift["points"] if drift else [],
+            "sched_wait_curve": contended["curve"] if contended else [],
         },
         "ns_dtype": opts.ns_dtype_for(kind),
         "precondition_frequency": opts.precondition_frequency,

@@ -22,48 +22,15 @@ previous collective to every collective (`canzona.sim.timeline`).
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
 
-from canzona.calibrate.contended import _loop, paired_rounds
+from canzona.calibrate.contended import CHUNKS, pairs_worker, wait_curve
 from canzona.calibrate.workers import spawn_for_result
 
-# Compute chunks (96x96 fp32 matmuls per chunk): about 0.2, 0.7, 1.8 and 5 ms on the 2-core VM,
-# the spans between a trial's collectives (a TP pipeline's micro-group, a layer, a backward's bucket)
-CHUNKS = (16, 64, 160, 480)
-LOOP_WORK = 1280  # matmuls per timed loop (reps = LOOP_WORK / chunk): about 0.3 s a loop
-MIN_REPS = 10  # collectives per loop at the longest chunk (a 3-collective loop read 0.45 ms after 5 ms of work)
+# Compute chunks: `canzona.calibrate.contended.CHUNKS` (96x96 fp32 matmuls; about 0.2, 0.7, 1.8 and
+# 5 ms on a 2-core VM without oversubscription), the spans between a trial's collectives (a TP
+# pipeline's micro-group, a layer, a backward's bucket)
 MAX_PROCESSES = 8
-
-
-def _worker(rank: int, world: int, port: int, rounds: int, out: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        pair = [dist.new_group([2 * k, 2 * k + 1]) for k in range(world // 2)][rank // 2]
-        a = torch.randn(96, 96) / 96**0.5
-        buf = torch.zeros(64)
-        rows = []
-        for n in CHUNKS:
-            def chunk(n: int = n) -> None:
-                for _ in range(n):
-                    a @ a
-
-            _loop(chunk, 2, pair, buf)  # warm-up: gloo's pair, the allocator
-            rows.append(paired_rounds(chunk, max(MIN_REPS, LOOP_WORK // n), rounds, pair, buf))
-        t = torch.tensor(rows, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        if rank == 0:
-            Path(out).write_text(json.dumps((t / world).tolist()))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def measure_peer_wait(cores: int, latency_s: float, quick: bool = False) -> dict[str, Any] | None:
@@ -75,10 +42,6 @@ def measure_peer_wait(cores: int, latency_s: float, quick: bool = False) -> dict
     if not 2 <= cores <= MAX_PROCESSES:
         return None
     world = cores - cores % 2
-    rows = spawn_for_result(_worker, world, 3 if quick else 7)
-    points, most = [], 0.0
-    for work, both in rows:  # the drift cannot shrink with more work apart: a dip is noise, held level
-        most = max(most, both - work - latency_s, 0.0)
-        points.append([work, most])
-    return {"processes": world, "points": points, "latency_s": latency_s,
+    rows = spawn_for_result(pairs_worker, world, CHUNKS, 3 if quick else 7)
+    return {"processes": world, "points": wait_curve(rows, latency_s), "latency_s": latency_s,
             "samples": [{"matmuls": n, "compute_s": w, "with_all_reduce_s": b} for n, (w, b) in zip(CHUNKS, rows)]}

@@ -150,11 +150,15 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
                    "included), the model pass's blocking TP collectives not stretched"
                    + (f"; every collective waits {hw.sched_wait_s * 1e3:.2g} ms more for its peers to be scheduled "
                       "(the calibration's contended measurement)" if hw.sched_wait_s else ""))
-    if hw.peer_wait and cfg.world_size > 1:
+    contended_curve = scale > 1.0 and bool(hw.sched_wait_curve)
+    drift = hw.oversubscribed().peer_wait if contended_curve else hw.peer_wait
+    if drift and cfg.world_size > 1:
         out.append("every collective starts after its members' drift: the wait the calibration measured after the "
                    "most work a member did since its previous collective ("
-                   + ", ".join(f"{t * 1e3:.2g} ms after {w * 1e3:.2g} ms" for w, t in hw.peer_wait)
-                   + "; canzona.calibrate.peer_wait); the optimizer step, as the records take it (the slowest "
+                   + ", ".join(f"{t * 1e3:.2g} ms after {w * 1e3:.2g} ms" for w, t in drift)
+                   + ("; under oversubscription: canzona.calibrate.contended's curve beyond its wait after a layer's work"
+                      if contended_curve else "; canzona.calibrate.peer_wait")
+                   + "); the optimizer step, as the records take it (the slowest "
                    "rank's), that drift longer than the lockstep ranks' for the work after their last collective")
     calib_threads = hw.device.get("threads")
     if hw.device.get("kind") == "cpu" and calib_threads and cfg.dist.threads_per_rank not in (None, calib_threads):

@@ -108,8 +108,19 @@ def test_quick_calibration_cli_with_gloo_collectives(quick_calibration) -> None:
     if 2 * cores <= 8:
         assert contended["processes"] == 2 * cores and contended["with_all_reduce_s"] > contended["compute_s"] > 0
         assert data["compute"]["sched_wait_s"] == contended["sched_wait_s"] >= 0.0
+        # and after each chunk: the wait held non-decreasing in the work, the layer-sized chunk's
+        # raw reading the one kept as sched_wait_s
+        from canzona.calibrate.contended import CHUNK_MATMULS, CHUNKS
+
+        curve = contended["curve"]
+        assert data["compute"]["sched_wait_curve"] == curve and len(curve) == len(CHUNKS)
+        works, waits = [w for w, _ in curve], [t for _, t in curve]
+        assert works == sorted(works) and waits == sorted(waits) and waits[0] >= 0.0
+        layer = contended["samples"][CHUNKS.index(CHUNK_MATMULS)]
+        assert (layer["compute_s"], layer["with_all_reduce_s"]) == (contended["compute_s"], contended["with_all_reduce_s"])
+        assert contended["sched_wait_s"] <= waits[CHUNKS.index(CHUNK_MATMULS)]
     else:
-        assert contended is None and data["compute"]["sched_wait_s"] == 0.0
+        assert contended is None and data["compute"]["sched_wait_s"] == 0.0 and data["compute"]["sched_wait_curve"] == []
     # the peers' drift by the work between collectives (canzona.calibrate.peer_wait): on as many
     # processes as cores, one point per compute chunk, the work growing with the chunk
     drift = data["calibration"]["peer_wait_measurement"]

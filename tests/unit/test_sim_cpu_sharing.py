@@ -92,6 +92,38 @@ def test_an_oversubscribed_collective_waits_for_its_peers_to_be_scheduled() -> N
             assert with_wait["iteration_ms"] == without["iteration_ms"]
 
 
+def test_an_oversubscribed_collective_waits_by_the_contended_curve_of_the_work_apart() -> None:
+    """``compute.sched_wait_curve`` (canzona.calibrate.contended, several chunks): under
+    oversubscription the peers' drift is the curve's excess over ``sched_wait_s`` (which every
+    collective already waits), in place of the drift measured without oversubscription; a trial
+    that does not oversubscribe, or a file without the curve, keeps ``peer_wait``. The optimizer
+    step's blocking TP collectives, a matrix's update apart, then wait longer."""
+    from canzona.config import load_config
+    from canzona.sim.simulate import assumptions, project
+
+    two_proc = [[1e-3, 1e-4], [5e-3, 2e-4]]
+    curve = [[5e-4, 1e-4], [2e-3, 1e-3], [5e-3, 2.5e-3], [1.5e-2, 3e-3]]
+    plain = _cpu_hardware(1e-3, peer_wait=two_proc)
+    hw = _cpu_hardware(1e-3, peer_wait=two_proc, sched_wait_curve=curve)
+    assert hw.peer_wait == plain.peer_wait == [(1e-3, 1e-4), (5e-3, 2e-4)]  # the file's own view
+    assert plain.oversubscribed().peer_wait == plain.peer_wait
+    over = hw.oversubscribed()
+    assert over.peer_wait == [(5e-4, 0.0), (2e-3, 0.0), (5e-3, 1.5e-3), (1.5e-2, 2e-3)]
+    assert over.contention_s == 1e-3 and abs(over.peer_wait_after(3.5e-3) - 7.5e-4) < 1e-15
+    assert hw.describe()["cpu_sharing"]["sched_wait_curve_ms"] == [[0.5, 0.1], [2.0, 1.0], [5.0, 2.5], [15.0, 3.0]]
+    assert "oversubscribed_wait_ms_after_work_ms" in hw.inputs()["rates"]
+
+    base = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "method=layerwise", "optimizer=muon",
+            "dist.device=cpu", "dist.threads_per_rank=1", "train.seq_len=32", "parallel.dp=2"]
+    tp1, tp2 = load_config([*base, "parallel.tp=1"]), load_config([*base, "parallel.tp=2"])
+    # (the h100 file's rates: a matrix's update takes microseconds, so the curve's first point counts)
+    waits = _cpu_hardware(1e-3, peer_wait=two_proc, sched_wait_curve=[[1e-5, 2e-3], [2e-3, 3e-3]])
+    assert project(tp1, waits)["iteration_ms"] == project(tp1, plain)["iteration_ms"]  # 2 ranks on 2 cores
+    assert project(tp2, waits)["optimizer_step_ms"] > project(tp2, plain)["optimizer_step_ms"]
+    assert any("canzona.calibrate.contended's curve" in a for a in assumptions(tp2, hw, 2.0))
+    assert not any("contended's curve" in a for a in assumptions(tp1, hw, 1.0))
+
+
 def test_a_cpu_collectives_latency_keeps_a_core_busy_and_a_gpus_does_not() -> None:
     """gloo's calls (dispatch, its thread's hand-offs, loopback syscalls) run on the rank's cores:
     on a CPU file the whole collective is busy time, unless the ranks oversubscribe the cores
