@@ -391,15 +391,15 @@ class Hardware:
         """Seconds a collective waits for its peers after ``work_s`` of work since their previous
         one (``compute.peer_wait``): linear between the measured points, the first point's below
         them and the last point's beyond them (the drift is not extrapolated); 0 without points."""
-        pts = self.peer_wait
-        if not pts:
-            return 0.0
-        if work_s <= pts[0][0]:
-            return pts[0][1]
-        for (w0, t0), (w1, t1) in zip(pts, pts[1:]):
-            if work_s <= w1:
-                return t0 + (t1 - t0) * (work_s - w0) / (w1 - w0) if w1 > w0 else t1
-        return pts[-1][1]
+        return _read_curve(self.peer_wait, work_s)
+
+    def lag_after(self, work_s: float) -> float:
+        """How much later than its peers the slowest rank finishes ``work_s`` of work done since
+        they last met (`canzona.sim.timeline.Timeline.slowest_lag`): the drift curve
+        (`peer_wait_after`), except on an oversubscribed CPU whose file has the contended curve,
+        where that whole curve is the drift -- every collective there already waits
+        ``sched_wait_s``, the end of the step waits for no collective."""
+        return _read_curve(self.sched_wait_curve if self.contention_s and self.sched_wait_curve else self.peer_wait, work_s)
 
     def oversubscribed(self) -> Hardware:
         """This hardware as a trial whose ranks oversubscribe the CPU meets it: every collective
@@ -876,3 +876,15 @@ def write_spec_file(key: str, directory: Path | None = None) -> Path:
     path = (directory or HARDWARE_DIR) / f"{key}.yaml"
     path.write_text(spec_file_text(key))
     return path
+
+
+def _read_curve(pts: list[tuple[float, float]], work_s: float) -> float:
+    """A [(work, wait), ...] curve at ``work_s``: linear between its points, flat outside them; 0 if empty."""
+    if not pts:
+        return 0.0
+    if work_s <= pts[0][0]:
+        return pts[0][1]
+    for (w0, t0), (w1, t1) in zip(pts, pts[1:]):
+        if work_s <= w1:
+            return t0 + (t1 - t0) * (work_s - w0) / (w1 - w0) if w1 > w0 else t1
+    return pts[-1][1]

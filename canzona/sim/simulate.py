@@ -159,7 +159,8 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
                    + ("; under oversubscription: canzona.calibrate.contended's curve beyond its wait after a layer's work"
                       if contended_curve else "; canzona.calibrate.peer_wait")
                    + "); the optimizer step, as the records take it (the slowest "
-                   "rank's), that drift longer than the lockstep ranks' for the work after their last collective")
+                   "rank's), longer than the lockstep ranks' by the drift of the work after their last collective"
+                   + (" (the whole contended curve: no collective there waits the scheduling wait)" if contended_curve else ""))
     calib_threads = hw.device.get("threads")
     if hw.device.get("kind") == "cpu" and calib_threads and cfg.dist.threads_per_rank not in (None, calib_threads):
         out.append(f"trial uses {cfg.dist.threads_per_rank} threads per rank, the hardware file was timed with {calib_threads}")

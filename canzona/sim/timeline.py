@@ -57,8 +57,10 @@ class Handle:
 
 class Timeline:
     def __init__(self, world: int, overlap: float = 1.0, scale: float = 1.0,
-                 peer_wait: Callable[[float], float] | None = None, lanes: int = 1):
+                 peer_wait: Callable[[float], float] | None = None, lanes: int = 1,
+                 lag: Callable[[float], float] | None = None):
         self.world = world
+        self.lag = lag or peer_wait
         self.lanes = max(1, int(lanes))
         # per stream, per rank, when each lane frees (``lanes`` > 1; ``streams`` otherwise)
         self.lane_clocks: dict[str, list[list[float]]] = defaultdict(lambda: [[0.0] * self.lanes for _ in range(world)])
@@ -154,13 +156,13 @@ class Timeline:
     def slowest_lag(self, name: str) -> float:
         """How much later than the simulated ranks the slowest real rank reaches mark ``name``:
         the ranks left their last collective together and each did its ``name:apart`` seconds of
-        work since, which on a shared machine they finish apart (`peer_wait`: the later of two
-        after that much work). A measurement that takes the max over ranks of a span ending at
-        the mark (the optimizer step) reads that much more than the lockstep timeline; 0 without
-        a drift curve or with one rank."""
-        if self.peer_wait is None or self.world < 2:
+        work since, which on a shared machine they finish apart (``lag``, else `peer_wait`: the
+        later of two after that much work; `canzona.hardware.Hardware.lag_after`). A measurement
+        that takes the max over ranks of a span ending at the mark (the optimizer step) reads
+        that much more than the lockstep timeline; 0 without a drift curve or with one rank."""
+        if self.lag is None or self.world < 2:
             return 0.0
-        return self.peer_wait(max(m[f"{name}:apart"] for m in self.marks))
+        return self.lag(max(m[f"{name}:apart"] for m in self.marks))
 
     @contextmanager
     def phase(self, ranks: Sequence[int], name: str, label: str | None = None) -> Iterator[None]:

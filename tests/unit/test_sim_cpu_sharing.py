@@ -110,6 +110,9 @@ def test_an_oversubscribed_collective_waits_by_the_contended_curve_of_the_work_a
     over = hw.oversubscribed()
     assert over.peer_wait == [(5e-4, 0.0), (2e-3, 0.0), (5e-3, 1.5e-3), (1.5e-2, 2e-3)]
     assert over.contention_s == 1e-3 and abs(over.peer_wait_after(3.5e-3) - 7.5e-4) < 1e-15
+    # the step's end waits for no collective: the slowest rank lags by the whole contended curve
+    assert over.lag_after(5e-3) == 2.5e-3 and hw.lag_after(5e-3) == hw.peer_wait_after(5e-3) == 2e-4
+    assert plain.oversubscribed().lag_after(5e-3) == 2e-4
     assert hw.describe()["cpu_sharing"]["sched_wait_curve_ms"] == [[0.5, 0.1], [2.0, 1.0], [5.0, 2.5], [15.0, 3.0]]
     assert "oversubscribed_wait_ms_after_work_ms" in hw.inputs()["rates"]
 
@@ -152,6 +155,17 @@ def test_peer_wait_is_read_off_the_measured_curve() -> None:
     assert "peer_wait_ms_after_work_ms" in curve.inputs()["rates"] and "peer_wait_ms_after_work_ms" not in hw.inputs()["rates"]
     assert curve.describe()["cpu_sharing"]["peer_wait_ms"] == [[0.2, 0.5], [1.0, 1.0], [5.0, 2.0]]
     assert "cpu_sharing" not in hw.describe() and "cpu_sharing" not in load_hardware("h100").describe()
+
+
+def test_the_slowest_rank_lags_by_its_own_curve_where_one_is_given() -> None:
+    """`Timeline.slowest_lag` reads ``lag`` (the oversubscribed file's whole contended curve) where
+    given, the collectives' ``peer_wait`` otherwise, at the most work after the ranks' last meeting."""
+    for lag, want in ((None, 0.1 * 2.0), (lambda w: 0.5 * w, 0.5 * 2.0)):
+        tl = Timeline(2, peer_wait=lambda w: 0.1 * w, lag=lag)
+        tl.host(0, 1.0)
+        tl.host(1, 2.0)
+        tl.mark([0, 1], "end")
+        assert tl.slowest_lag("end") == want
 
 
 def test_a_collective_waits_for_the_drift_of_the_work_since_its_members_last_met() -> None:
