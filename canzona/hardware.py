@@ -34,6 +34,9 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
     copy_call_overhead_s: s
     grad_add_seconds_per_element: {float32: s, bfloat16: s}  # a gradient landing in the fp32 buffer
                                            # (calibrated; else 1.5 copies of fp32 bytes)
+    grad_add_large: {elements: N, seconds_per_element: {float32: s, bfloat16: s}}  # CPU: the same landing
+                                           # out of cache, timed at N elements (the embedding's gradient);
+                                           # sizes between 2^20 and N interpolated in log2(size)
     cast_seconds_per_element: {float32: s, bfloat16: s}  # fp32 main params cast into the model's
                                            # (calibrated; else a copy of fp32 bytes)
     norm_seconds_per_byte: s               # gradient clipping's norm pass (calibrated; else a copy)
@@ -80,6 +83,7 @@ import copy
 import functools
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +112,8 @@ ELEMENTWISE_PASSES = {d.name: d.elementwise_passes for d in registry.REGISTERED 
 # AdamW direction + apply: read grad, m, v, param; write m, v, param and temporaries.
 ADAMW_BYTES_PER_ELEMENT = 40.0
 APPLY_BYTES_PER_ELEMENT = 16.0  # param *= (1 - lr wd); param += -lr U: two read+write passes
+# The size the warm landing rate is timed at (`canzona.calibrate.compute.time_basics`: 4 MB of fp32)
+GRAD_ADD_WARM_ELEMENTS = 1 << 20
 EVIDENCE_LABELS = ("datasheet", "published", "assumption")  # inputs.provenance (module docstring)
 EVIDENCE_KEYS = ("provenance", "fitted_on")  # under inputs: where the numbers come from, not numbers
 
@@ -253,6 +259,9 @@ class Hardware:
         self.copy_s_per_byte = float(data.get("copy_seconds_per_byte", 2.0 / self.memory_Bps))
         self.copy_call_overhead_s = float(data.get("copy_call_overhead_s", 0.0))
         self.grad_add_s_per_elem = {str(k): float(v) for k, v in (data.get("grad_add_seconds_per_element") or {}).items()}
+        large = data.get("grad_add_large") or {}
+        self.grad_add_large_elems = float(large.get("elements") or 0.0)
+        self.grad_add_large_s_per_elem = {str(k): float(v) for k, v in (large.get("seconds_per_element") or {}).items()}
         self.cast_s_per_elem = {str(k): float(v) for k, v in (data.get("cast_seconds_per_element") or {}).items()}
         # gradient clipping's norm (a read) and in-place scaling: calibrated on a CPU; a file
         # without them prices each as one copy pass (spec-derived GPU files)
@@ -511,11 +520,19 @@ class Hardware:
 
     def grad_add(self, numel: float, dtype: str, copy_factor: float) -> float:
         """Seconds of one gradient of ``numel`` elements in ``dtype`` landing in the fp32 buffer
-        (``grad_view.add_(grad)``): the calibrated rate where the file has it, else
-        ``copy_factor`` copies of its fp32 bytes."""
+        (``grad_view.add_(grad)``): the calibrated rate where the file has it -- up to
+        `GRAD_ADD_WARM_ELEMENTS` the warm one, at ``grad_add_large.elements`` and beyond the
+        out-of-cache one where the file has it -- else ``copy_factor`` copies of its fp32 bytes."""
         rate = self.grad_add_s_per_elem.get(dtype)
         if rate is None:
             return self.copy(copy_factor * 4 * numel)
+        large = self.grad_add_large_s_per_elem.get(dtype)
+        if large is not None and numel > GRAD_ADD_WARM_ELEMENTS and self.grad_add_large_elems > GRAD_ADD_WARM_ELEMENTS:
+            # out of cache: a gradient the size of the embedding's lands at the large rate
+            # (`canzona.calibrate.compute.time_basics`), sizes between interpolated in log2(size)
+            frac = min(1.0, math.log2(numel / GRAD_ADD_WARM_ELEMENTS)
+                       / math.log2(self.grad_add_large_elems / GRAD_ADD_WARM_ELEMENTS))
+            rate += frac * (large - rate)
         return self.copy_call_overhead_s + numel * rate
 
     def cast(self, numel: float, dtype: str, calls: int = 1) -> float:

@@ -51,7 +51,7 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 11  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+CALIBRATION_FORMAT = 12  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
 # 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``;
 # 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``);
 # 6: the step's passes (norm, scale, AdamW, apply) timed with cold caches on a CPU, AdamW without
@@ -64,6 +64,7 @@ CALIBRATION_FORMAT = 11  # 3: a CPU's scheduling wait of collectives under overs
 #     collectives' means over four times the repeats
 # 11: the contended wait after several amounts of work apart (``compute.sched_wait_curve``,
 #     `canzona.calibrate.contended`), what an oversubscribed trial's collectives wait by
+# 12: a gradient's landing out of cache too, at an embedding's size (``grad_add_large``)
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -184,7 +185,8 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
         **{k: basics[k] for k in ("adamw_seconds_per_element", "adamw_tensor_overhead_s", "apply_seconds_per_element",
                                   "apply_call_overhead_s", "copy_seconds_per_byte", "copy_call_overhead_s",
                                   "norm_seconds_per_byte", "norm_call_overhead_s", "scale_seconds_per_byte",
-                                  "scale_call_overhead_s", "grad_add_seconds_per_element", "cast_seconds_per_element")
+                                  "scale_call_overhead_s", "grad_add_seconds_per_element", "grad_add_large",
+                                  "cast_seconds_per_element")
            if k in basics},
         "model": model,
         "collectives": collectives,

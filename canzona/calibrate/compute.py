@@ -90,12 +90,33 @@ def time_basics(quick: bool, clock: Clock, sync: Sync = solo) -> dict[str, Any]:
         del low
     out["grad_add_seconds_per_element"] = grad_add
     out["cast_seconds_per_element"] = cast
+    if not gpu:
+        out["grad_add_large"] = _large_landing(dev, quick, clock, sync)
     u = torch.randn(elems, device=dev)
     out["apply_seconds_per_element"] = clock.median(lambda: apply_update(p, u, 1e-3, 0.01), 5, 0.5, sync, cold) / elems
     ut = torch.randn(64, device=dev)
     t_ap = clock.median(lambda: [apply_update(q, ut, 1e-3, 0.01) for q in tiny4[0]], 5, 0.5, sync)
     out["apply_call_overhead_s"] = max(0.0, t_ap / 32 - 64 * out["apply_seconds_per_element"])
     return out
+
+
+def _large_landing(dev: Any, quick: bool, clock: Clock, sync: Sync) -> dict[str, Any]:
+    """The gradient landing (``grad_view.add_(grad)``) of a tensor the size of a trial's embedding
+    gradient (2^24 elements, 64 MB in fp32; 2^22 quick), each time just written as backward
+    writes it: out of cache, where the warm rate above is timed at 4 MB. On a 2-core Xeon VM
+    (2 processes at once) 0.53-0.58 ns per fp32 element at 2^20 and 0.80-0.82 at the 0.6B-at-width/8
+    embedding's 19.4M: the trials' backward ran 10-28 % over a prediction priced warm."""
+    import torch
+
+    big = (1 << 22) if quick else (1 << 24)
+    buf = torch.zeros(big, device=dev)
+    rates = {}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        grad = torch.empty(big, dtype=dtype, device=dev)
+        buf.add_(grad.fill_(0.5))
+        rates[name] = clock.median(lambda grad=grad: buf.add_(grad), 5, 1.0, sync, lambda grad=grad: grad.fill_(0.5)) / big
+        del grad
+    return {"elements": big, "seconds_per_element": rates}
 
 
 def cold_caches(device: Any) -> Callable[[], None] | None:

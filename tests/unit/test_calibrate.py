@@ -75,6 +75,9 @@ def test_quick_calibration_in_process(tmp_path: Path) -> None:
     # timed; the estimate says which rate it used) in what train.dtype=auto resolves to here
     assert hw["ns_dtype"] == "float32" and hw["model"]["dtype"] == pass_dtype("cpu")
     assert all(hw["grad_add_seconds_per_element"][d] > 0 for d in ("float32", "bfloat16"))
+    # and out of cache, at an embedding gradient's size (quick: 2^22 elements)
+    assert hw["grad_add_large"]["elements"] == 1 << 22
+    assert all(hw["grad_add_large"]["seconds_per_element"][d] > 0 for d in ("float32", "bfloat16"))
     assert all(hw["cast_seconds_per_element"][d] > 0 for d in ("float32", "bfloat16"))
     assert hw["model"]["forward"]["flops_per_s"] == 0.5 * hw["compute"]["matmul_flops_per_s"][pass_dtype("cpu")]
 

@@ -272,6 +272,24 @@ def test_a_gradient_lands_at_its_calibrated_rate_per_dtype() -> None:
     assert extra == pytest.approx(numel * 4e-9)  # the toy file's copies cost nothing
 
 
+def test_a_large_gradient_lands_at_the_out_of_cache_rate() -> None:
+    """``grad_add_large`` (a CPU calibration's landing at an embedding's size): up to 2^20
+    elements the warm rate, from its size on the large one, between them interpolated in
+    log2(size); a file without it prices every size warm."""
+    from canzona.hardware import GRAD_ADD_WARM_ELEMENTS
+
+    warm = {"float32": 1e-9}
+    plain = load_hardware(toy_hardware(grad_add_seconds_per_element=warm))
+    hw = load_hardware(toy_hardware(grad_add_seconds_per_element=warm,
+                                    grad_add_large={"elements": 1 << 24, "seconds_per_element": {"float32": 3e-9}}))
+    for n in (1000, GRAD_ADD_WARM_ELEMENTS):
+        assert hw.grad_add(n, "float32", 1.5) == plain.grad_add(n, "float32", 1.5) == pytest.approx(n * 1e-9)
+    assert hw.grad_add(1 << 22, "float32", 1.5) == pytest.approx((1 << 22) * 2e-9)  # halfway in log2
+    assert hw.grad_add(1 << 26, "float32", 1.5) == pytest.approx((1 << 26) * 3e-9)
+    assert plain.grad_add(1 << 26, "float32", 1.5) == pytest.approx((1 << 26) * 1e-9)
+    assert hw.grad_add(1 << 26, "bfloat16", 1.5) == plain.grad_add(1 << 26, "bfloat16", 1.5)  # uncalibrated dtype: copies
+
+
 def test_the_main_parameters_are_cast_into_the_model_at_their_calibrated_rate() -> None:
     """``CopyToModel`` (fp32 main -> the model's bf16 parameters) priced per element in the
     training dtype where the file calibrated it, else as a copy of the fp32 bytes."""
