@@ -86,6 +86,7 @@ def test_local_sweep_report_predicts_with_a_quick_calibration(tmp_path: Path, tw
     if sharing:
         note = page.ids["predicted-cpu-sharing"]
         assert int(note["data-peer-wait-points"]) == len(sharing["peer_wait_ms"])
+        assert int(note["data-sched-wait-curve-points"]) == len(sharing.get("sched_wait_curve_ms", []))
         assert float(note["data-sched-wait-ms"]) == pytest.approx(sharing["sched_wait_ms"], rel=1e-6)
     else:
         assert "predicted-cpu-sharing" not in page.ids
