@@ -119,6 +119,11 @@ def wait_curve(rows: list[list[float]], latency_s: float) -> list[list[float]]:
     return points
 
 
+def samples(rows: list[list[float]]) -> list[dict[str, float]]:
+    """`pairs_worker`'s rows as the hardware file records them, one per chunk of `CHUNKS`."""
+    return [{"matmuls": n, "compute_s": w, "with_all_reduce_s": b} for n, (w, b) in zip(CHUNKS, rows)]
+
+
 def measure_sched_wait(cores: int, latency_s: float, quick: bool = False) -> dict[str, Any] | None:
     """Run ``2 × cores`` processes in pairs as the module's docstring describes and return
     ``{"processes", "cores", "compute_s", "with_all_reduce_s", "latency_s", "sched_wait_s", "curve",
@@ -133,4 +138,4 @@ def measure_sched_wait(cores: int, latency_s: float, quick: bool = False) -> dic
     return {"processes": world, "cores": cores, "compute_s": compute_s, "with_all_reduce_s": with_s,
             "latency_s": latency_s, "sched_wait_s": max(0.0, with_s - compute_s - latency_s),
             "curve": wait_curve(rows, latency_s),
-            "samples": [{"matmuls": n, "compute_s": w, "with_all_reduce_s": b} for n, (w, b) in zip(CHUNKS, rows)]}
+            "samples": samples(rows)}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from canzona.calibrate.contended import CHUNKS, pairs_worker, wait_curve
+from canzona.calibrate.contended import CHUNKS, pairs_worker, samples, wait_curve
 from canzona.calibrate.workers import spawn_for_result
 
 # Compute chunks: `canzona.calibrate.contended.CHUNKS` (96x96 fp32 matmuls; about 0.2, 0.7, 1.8 and
@@ -44,4 +44,4 @@ def measure_peer_wait(cores: int, latency_s: float, quick: bool = False) -> dict
     world = cores - cores % 2
     rows = spawn_for_result(pairs_worker, world, CHUNKS, 3 if quick else 7)
     return {"processes": world, "points": wait_curve(rows, latency_s), "latency_s": latency_s,
-            "samples": [{"matmuls": n, "compute_s": w, "with_all_reduce_s": b} for n, (w, b) in zip(CHUNKS, rows)]}
+            "samples": samples(rows)}

@@ -77,7 +77,7 @@ class ProgramSim:
         self.world = self.grid.world
         self.scale, self.step_scale = scale, step_scale
         self.tl = Timeline(self.world, hw.overlap, scale, hw.peer_wait_after if hw.peer_wait else None,
-                           lag=hw.lag_after if (hw.peer_wait or (hw.contention_s and hw.sched_wait_curve)) else None,
+                           lag=hw.lag_after if hw.contention_s and hw.sched_wait_curve else None,  # else peer_wait
                            lanes=hw.comm_lanes)
         # On an oversubscribed CPU a rank blocked in a model unit's TP collective holds no core
         # (its wait is the calibrated scheduling wait, `Hardware.oversubscribed`): the unit's
