@@ -19,6 +19,12 @@ every method, so this factor measures the machine, not the method). The raw erro
 to trust an absolute projection; the adjusted one how far to trust the simulator's structure
 (balance, communication, overlap), which is what carries over to other hardware.
 
+Each run's *speed-adjusted* prediction scales it by its own speed probe (`canzona.calibrate.probe`);
+the sweep's one *speed factor* (`sweep_speed_factor`: the median of its runs' probe ratios)
+scales every prediction alike -- the calibration brought to the machine's speed while the
+sweep ran, which no run's noise decides. What is left at the sweep's speed is the simulator's
+error by method and layout; what the raw error adds is the machine's drift since calibrating.
+
 The simulator re-plans each trial from its config with today's planner. When the recorded plan
 (micro-group counts, memory imbalance in summary.json) differs -- the planner or cost model
 changed since the trial ran -- the row says ``plan_matches: False`` and the summaries leave it
@@ -178,11 +184,21 @@ def trial_dirs(sweep_dir: str | Path) -> list[Path]:
 GOAL = {"median_abs_error_pct": 10.0, "worst_abs_error_pct": 25.0}  # per method, step and iteration, per trial
 
 
-def per_trial(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def sweep_speed_factor(rows: list[dict[str, Any]]) -> float | None:
+    """The median of the runs' speed factors (calibration probe ÷ run probe, `compare`): how much
+    slower (> 1) or faster the machine ran through the sweep than when it was calibrated, one
+    number for every run. None when no run recorded a probe (a GPU sweep, a file without one)."""
+    factors = [r["speed_factor"] for r in rows if r.get("speed_factor")]
+    return statistics.median(factors) if factors else None
+
+
+def per_trial(rows: list[dict[str, Any]], sweep_speed: float | None = None) -> list[dict[str, Any]]:
     """One row per trial from its runs' rows (``trial_id``: the repetitions of one trial share
     it, `compare`): measured, the median
     over its runs; predicted, the runs' (one config: the same prediction); ``runs``; and the
-    runs' spread of the measured optimizer step (max ÷ min), the noise no prediction can beat."""
+    runs' spread of the measured optimizer step (max ÷ min), the noise no prediction can beat.
+    ``sweep_speed`` (`sweep_speed_factor`): each headline prediction also times it
+    (``*_sweep_speed``, with its error)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(r["trial_id"], []).append(r)
@@ -201,6 +217,8 @@ def per_trial(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             adj = [r[f"{m}_speed_adjusted"] for r in rs if r.get(f"{m}_speed_adjusted") is not None]
             row[f"{m}_speed_adjusted"] = statistics.median(adj) if adj else None
             row[f"{m}_speed_adjusted_error_pct"] = _error(row[f"{m}_speed_adjusted"], row[f"{m}_measured"])
+            row[f"{m}_sweep_speed"] = row[f"{m}_predicted"] * sweep_speed if sweep_speed else None
+            row[f"{m}_sweep_speed_error_pct"] = _error(row[f"{m}_sweep_speed"], row[f"{m}_measured"])
         steps = [r["optimizer_step_ms_measured"] for r in rs if r.get("optimizer_step_ms_measured")]
         row["step_run_spread"] = max(steps) / min(steps) if steps else None
         row["plan_matches"] = None if any(r.get("plan_matches") is None for r in rs) else all(
@@ -224,11 +242,23 @@ def _error_stats(sub: list[dict[str, Any]], metrics: tuple[str, ...]) -> dict[st
     return out
 
 
+def meets_goal(by_method: list[dict[str, Any]], suffix: str = "") -> bool:
+    """Whether every method's median and worst |error| of each `HEADLINE` metric (``suffix``:
+    "" raw, "_sweep_speed" at the sweep's speed) are within `GOAL`."""
+    return bool(by_method) and all(
+        m.get(f"{h}{suffix}_median_abs_error_pct", 1e9) <= GOAL["median_abs_error_pct"]
+        and m.get(f"{h}{suffix}_worst_abs_error_pct", 1e9) <= GOAL["worst_abs_error_pct"]
+        for m in by_method for h in HEADLINE)
+
+
 def trial_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """`per_trial`'s rows summed up per method and per method × layout (median and worst
-    |error| of the optimizer step and the iteration), and whether every method meets `GOAL`."""
-    trials = [r for r in per_trial(rows) if r.get("plan_matches") is not False]
-    metrics = (*HEADLINE, *(f"{h}_speed_adjusted" for h in HEADLINE))
+    |error| of the optimizer step and the iteration, raw, speed-adjusted and at the sweep's
+    speed), and whether every method meets `GOAL` raw (``goal_met``) and at the sweep's speed
+    (``goal_met_sweep_speed``; None without probes)."""
+    speed = sweep_speed_factor([r for r in rows if r.get("plan_matches") is not False])
+    trials = [r for r in per_trial(rows, speed) if r.get("plan_matches") is not False]
+    metrics = (*HEADLINE, *(f"{h}_{kind}" for kind in ("speed_adjusted", "sweep_speed") for h in HEADLINE))
 
     def stats(sub: list[dict[str, Any]]) -> dict[str, Any]:
         return _error_stats(sub, metrics)
@@ -236,14 +266,14 @@ def trial_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     methods = sorted({r["method"] for r in trials})
     layouts = sorted({(r["method"], r["dp"], r["tp"]) for r in trials})
     by_method = [{"method": m, **stats([r for r in trials if r["method"] == m])} for m in methods]
-    met = bool(by_method) and all(
-        m.get(f"{h}_median_abs_error_pct", 1e9) <= GOAL["median_abs_error_pct"]
-        and m.get(f"{h}_worst_abs_error_pct", 1e9) <= GOAL["worst_abs_error_pct"] for m in by_method for h in HEADLINE)
     return {"trials": trials, "by_method": by_method,
             "by_layout": [{"method": m, "dp": dp, "tp": tp,
                            **stats([r for r in trials if (r["method"], r["dp"], r["tp"]) == (m, dp, tp)])}
                           for m, dp, tp in layouts],
-            "goal": GOAL, "goal_met": met}
+            "goal": GOAL, "goal_met": meets_goal(by_method),
+            "sweep_speed_factor": speed,
+            "sweep_speed_runs": sum(1 for r in rows if r.get("speed_factor") and r.get("plan_matches") is not False),
+            "goal_met_sweep_speed": meets_goal(by_method, "_sweep_speed") if speed else None}
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -347,6 +377,12 @@ def _validate(argv: list[str]) -> int:
         print(f"  {m['method']:10s} dp {m['dp']} x tp {m['tp']} n={m['trials']}: {_errs(m)}")
     for m in pt["by_method"]:
         print(f"  {m['method']:10s} all layouts n={m['trials']}: {_errs(m)}")
+    if pt["sweep_speed_factor"]:
+        print(f"at the sweep's speed (every prediction x {pt['sweep_speed_factor']:.3f}: the calibration's speed probe / "
+              f"the median of the {pt['sweep_speed_runs']} runs' probes), per trial: "
+              f"{'met' if pt['goal_met_sweep_speed'] else 'not met'}")
+        for m in pt["by_method"]:
+            print(f"  {m['method']:10s} all layouts n={m['trials']}: {_errs(m, ('_sweep_speed',))}")
     if res["excluded"]:
         print(f"  left out (recorded plan differs from today's planner): {', '.join(res['excluded'])}")
     for e in res["errors"]:
@@ -354,13 +390,13 @@ def _validate(argv: list[str]) -> int:
     return 0
 
 
-def _errs(m: dict[str, Any]) -> str:
-    """Median and worst |error| of step and iteration, raw [speed-adjusted]."""
+def _errs(m: dict[str, Any], kinds: tuple[str, ...] = ("", "_speed_adjusted")) -> str:
+    """Median and worst |error| of step and iteration, one figure per kind of prediction (by
+    default raw [speed-adjusted])."""
     def one(metric: str) -> str:
-        raw = f"{_fmt(m.get(f'{metric}_median_abs_error_pct'))}% (worst {_fmt(m.get(f'{metric}_worst_abs_error_pct'))}%)"
-        adj = (f"{_fmt(m.get(f'{metric}_speed_adjusted_median_abs_error_pct'))}% (worst "
-               f"{_fmt(m.get(f'{metric}_speed_adjusted_worst_abs_error_pct'))}%)")
-        return f"{raw} [{adj}]"
+        figs = [f"{_fmt(m.get(f'{metric}{k}_median_abs_error_pct'))}% (worst "
+                f"{_fmt(m.get(f'{metric}{k}_worst_abs_error_pct'))}%)" for k in kinds]
+        return figs[0] + "".join(f" [{f}]" for f in figs[1:])
 
     return f"step median |err| {one('optimizer_step_ms')}, iteration {one('iteration_ms')}"
 

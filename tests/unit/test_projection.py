@@ -434,6 +434,33 @@ def test_predicted_vs_measured_numbers_are_compare_sweeps(mixed, tmp_path: Path)
     assert (index.parent / "predicted.csv").is_file()
 
 
+def test_the_report_shows_the_sweep_speed_figures(tmp_path: Path) -> None:
+    """Runs that recorded speed probes: the report gives the sweep's one factor and, per method,
+    the errors at that speed -- compare_sweep's numbers -- with their own verdict."""
+    hw = {**slow_hardware(), "calibration": {"speed_probe_flops_per_s": 90e9}}
+    root = tmp_path / "sweep"
+    for name, method, factor, probe in (("s1", "canzona", 1.5, 60e9), ("s2", "sync", 1.4, 60e9),
+                                         ("s3", "sync", 1.6, 45e9)):
+        d = _measured_trial(root, name, [f"method={method}", "parallel.dp=2"], factor, hw)
+        summary = json.loads((d / "summary.json").read_text())
+        (d / "summary.json").write_text(json.dumps({**summary, "speed_probe_flops_per_s": probe}))
+    want = compare_sweep(root, hw)["per_trial"]
+    assert want["sweep_speed_factor"] == pytest.approx(1.5)  # factors 1.5, 1.5, 2
+    page = Page(build_report(root, out=tmp_path / "rep", hardware=hw).read_text())
+    assert float(page.ids["predicted-sweep-speed-factor"]["data-value"]) == pytest.approx(1.5)
+    verdict = page.ids["predicted-goal-sweep-speed-verdict"]
+    assert verdict["data-goal-met"] == str(want["goal_met_sweep_speed"]).lower() == "true"
+    assert page.ids["predicted-goal-verdict"]["data-goal-met"] == "false"  # raw: canzona -33 %
+    by = {m["method"]: m for m in want["by_method"]}
+    sync = page.having("data-pv-sweep-speed", **{"data-pv-sweep-speed": "sync"})[0]
+    assert "sync" in sync["text"]
+    cells = [e for e in page.elements if e.get("data-value") is not None and e["tag"] == "td"]
+    values = {float(c["data-value"]) for c in cells if c["data-value"] not in ("None", "")}
+    # sync measured 1.4x and 1.6x its prediction: at 1.5x, +7.1 % and -6.25 %
+    assert by["sync"]["optimizer_step_ms_sweep_speed_worst_abs_error_pct"] == pytest.approx(100 * (1.5 / 1.4 - 1))
+    assert any(v == pytest.approx(by["sync"]["optimizer_step_ms_sweep_speed_worst_abs_error_pct"]) for v in values)
+
+
 def test_predicted_section_survives_the_simulator(mixed, tmp_path: Path, monkeypatch) -> None:
     from analysis.load import load_sweep
     from analysis.projection import predicted_section

@@ -457,6 +457,43 @@ def test_compare_reports_signed_percent_errors(tmp_path: Path) -> None:
     assert res["overall"]["optimizer_step_ms_worst_trial"] == "t2"
 
 
+def _with_probe(d: Path, trial_id: str, probe: float) -> None:
+    """Give a fake trial's run a speed probe and the trial it repeats."""
+    summary = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**summary, "speed_probe_flops_per_s": probe}))
+    (d / "status.json").write_text(json.dumps({"status": "done", "trial_id": trial_id}))
+
+
+def test_the_sweep_speed_scales_every_prediction_by_one_factor(tmp_path: Path) -> None:
+    """The calibration probed 100 GFLOP/s; three runs of one trial and one of another probed
+    50, 80, 100 and 40 (factors 2, 1.25, 1, 2.5: median 1.625). Every prediction times 1.625,
+    whatever its own run's probe: a trial measured at 1.625x its prediction is exact there."""
+    hw = toy_hardware(calibration={"speed_probe_flops_per_s": 100e9})
+    factor = 1.625
+    for name, probe in (("a1", 50e9), ("a2", 80e9), ("a3", 100e9)):
+        _with_probe(_fake_trial(tmp_path, name, TINY + ["parallel.dp=2", "method=canzona"], factor), "a", probe)
+    _with_probe(_fake_trial(tmp_path, "b1", TINY + ["parallel.dp=2", "method=sync"], 1.5), "b", 40e9)
+    pt = compare_sweep(tmp_path, hw)["per_trial"]
+    assert pt["sweep_speed_factor"] == pytest.approx(factor) and pt["sweep_speed_runs"] == 4
+    by = {r["trial"]: r for r in pt["trials"]}
+    assert by["a"]["optimizer_step_ms_sweep_speed_error_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert by["a"]["iteration_ms_sweep_speed_error_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert by["a"]["optimizer_step_ms_error_pct"] == pytest.approx(100 * (1 / factor - 1))  # raw: -38.5 %
+    # b: measured 1.5x the prediction -> 100 (1.625 / 1.5 - 1) = +8.3 % at the sweep's speed
+    assert by["b"]["optimizer_step_ms_sweep_speed_error_pct"] == pytest.approx(100 / 12)
+    assert pt["goal_met"] is False  # raw: canzona -38 %, sync -33 %
+    assert pt["goal_met_sweep_speed"] is True  # canzona 0 %, sync 8.3 %
+    methods = {m["method"]: m for m in pt["by_method"]}
+    assert methods["sync"]["iteration_ms_sweep_speed_worst_abs_error_pct"] == pytest.approx(100 / 12)
+
+
+def test_no_probe_no_sweep_speed(tmp_path: Path) -> None:
+    _fake_trial(tmp_path, "t1", TINY + ["parallel.dp=2", "method=canzona"], 1.0)
+    pt = compare_sweep(tmp_path, toy_hardware())["per_trial"]
+    assert pt["sweep_speed_factor"] is None and pt["goal_met_sweep_speed"] is None and pt["goal_met"] is True
+    assert pt["trials"][0]["optimizer_step_ms_sweep_speed"] is None
+
+
 def test_compare_reads_a_trial_recorded_before_the_rename(tmp_path: Path) -> None:
     """config.yaml written with canzona.cost_profile / canzona.measured_profile (before they were
     planner.cost_hardware / planner.measured_table): compared as the same trial."""
