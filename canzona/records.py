@@ -7,9 +7,13 @@ A trial folder (``results/<sweep>/<trial_id>/`` in a sweep, ``out=DIR`` for one 
   false), with the keys of `STEP_FIELDS` (milliseconds unless named otherwise) and ``events``:
   a list of ``{"name", "cat", "phase", "start_ms", "dur_ms"}`` relative to the iteration's start,
   the per-rank timeline of the iteration (cat is one of compute, comm, wait, model; phase the
-  executor's phase the block was timed as, one of `PHASES` or another step phase).
+  executor's phase the block was timed as, one of `PHASES` or another step phase). A CPU
+  rank's row also has ``step_thread_cpu_ms`` / ``step_other_threads_cpu_ms`` and the same for
+  ``iteration_``: the CPU its main thread and its other threads (gloo's) spent in the span
+  (`canzona.executor.timing.StepTimer.cpu_between`).
 - ``summary.json`` the trial's aggregates (medians and p10/p90 over measured steps of the max over
-  ranks, the plan, the world, versions, host and the resolved config).
+  ranks, the plan, the world, versions, host and the resolved config; on a CPU the step's use
+  of the cores, `canzona.trial.summary.cpu_use`).
 - ``status.json``  written by the sweep launcher: ``status`` (done | failed | running), ``error``,
   ``job_id``, ``started``, ``ended``, ``cluster``, ``host``, ``wall_s``, ``trial_id``, ``repeat``,
   ``repeats`` (field by field: `canzona.sweep.bookkeeping`).

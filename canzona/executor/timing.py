@@ -15,6 +15,10 @@ What a number means depends on the device:
 - **CPU**: host wall-clock time (``time.perf_counter``) between the boundaries. gloo's
   collectives and the maths are synchronous from Python's point of view, so a phase's time is
   the work done in it, and a ``wait`` phase is the host blocked on an in-flight collective.
+  On CPU every mark also reads the CPU time of this rank's main thread and of its whole
+  process (`cpu_between`): the rest is the CPU its other threads -- gloo's workers and
+  transport loops -- spent, which on a CPU shared by more ranks than cores is taken from the
+  ranks' compute (docs/results.md § Predicted against measured).
 - **CUDA**: *stream time on the compute stream*. Each boundary records a CUDA event on the
   current stream; nothing synchronises until `finish`, which waits for the last event once.
   A phase's time is therefore the time the compute stream took to get from the phase's first
@@ -56,8 +60,14 @@ class StepTimer:
         self._open: list[int] = []  # ids of the phases open now (a phase may open inside another)
         self._next_id = 0
         self._marks: dict[str, Stamp] = {}
+        self._cpu_marks: dict[str, tuple[float, float]] = {}  # CPU only: (main thread, process) CPU seconds
         self._resolved: tuple[dict[str, float], list[dict[str, float | str]], dict[str, float]] | None = None
         self._marks[START] = self._stamp()
+        self._cpu_stamp(START)
+
+    def _cpu_stamp(self, name: str) -> None:
+        if not self.cuda:
+            self._cpu_marks[name] = (time.thread_time(), time.process_time())
 
     def _stamp(self) -> Stamp:
         if self.cuda:
@@ -85,6 +95,15 @@ class StepTimer:
     def mark(self, name: str) -> None:
         """Record the instant ``name`` (read it after `finish` with `at` or `between`)."""
         self._marks[name] = self._stamp()
+        self._cpu_stamp(name)
+
+    def cpu_between(self, a: str, b: str) -> tuple[float, float] | None:
+        """(this thread's, the process's other threads') CPU milliseconds from mark ``a`` to mark
+        ``b`` (``"start"``: the step's start); None on CUDA or where a mark is missing."""
+        if a not in self._cpu_marks or b not in self._cpu_marks:
+            return None
+        (t0, p0), (t1, p1) = self._cpu_marks[a], self._cpu_marks[b]
+        return (t1 - t0) * 1e3, max(0.0, (p1 - p0) - (t1 - t0)) * 1e3
 
     def finish(self) -> None:
         """End the step: wait for the last boundary (CUDA: one event synchronisation) and resolve

@@ -73,7 +73,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
             return None
         all_rows = sorted((r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"]))
         owners = Counter(n for g in gathered for n in g["computed"])  # ranks computing each full update
-        summary = summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, owners)
+        summary = summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, owners, local_world)
         if ctx.device.type == "cpu":  # the machine's speed now, against the calibration's (validate)
             summary["speed_probe_flops_per_s"] = speed_probe()
         summary["program_check"] = check = program_check(programs, all_rows)
@@ -98,7 +98,7 @@ def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> lis
     """
     import torch.distributed as dist
 
-    from canzona.executor.timing import StepTimer
+    from canzona.executor.timing import START, StepTimer
 
     timer = StepTimer(ctx.device)
     rows: list[dict[str, Any]] = []
@@ -110,6 +110,7 @@ def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> lis
         return batches
 
     def record(step: int, loss: torch.Tensor) -> None:
+        step_cpu, iteration_cpu = timer.cpu_between("step_start", "step_end"), timer.cpu_between(START, "end")
         global_loss = loss.detach().float()
         dist.all_reduce(global_loss, group=ctx.dp_group)
         rows.append({
@@ -121,12 +122,21 @@ def train_steps(cfg: TrialConfig, runtime: Any, ctx: Any, planned: float) -> lis
             **{f"{p}_ms": timer.ms.get(p, 0.0) for p in PHASES},
             "param_gather_ms": runtime.param_gather_ms,
             "param_sync_peer_ms": None,  # the ranks' issue times are not compared on a common clock
+            **cpu_fields("step", step_cpu), **cpu_fields("iteration", iteration_cpu),
             "comm_bytes": runtime.bytes_by_tag(),
             "events": timer.events,
         })
 
     run_iterations(runtime, timer, cfg.train.warmup + cfg.train.steps, inputs, record)
     return rows
+
+
+def cpu_fields(span: str, cpu: tuple[float, float] | None) -> dict[str, float]:
+    """A CPU rank's row keys for ``span`` ("step": step_start to step_end, "iteration"): its
+    main thread's CPU ms and its other threads' (gloo's); none on CUDA."""
+    if cpu is None:
+        return {}
+    return {f"{span}_thread_cpu_ms": cpu[0], f"{span}_other_threads_cpu_ms": cpu[1]}
 
 
 def run_iterations(runtime: Runtime, timer: StepTimer, steps: int,

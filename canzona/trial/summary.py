@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
 import statistics
@@ -33,9 +34,10 @@ def matrix_names(plan: Any) -> list[str]:
 
 
 def summarise(cfg: TrialConfig, plan: Any, metrics: Any, rows: list[dict[str, Any]], peak_mb: list[float],
-              ctx: Any, owned: Any) -> dict[str, Any]:
+              ctx: Any, owned: Any, local_world: int | None = None) -> dict[str, Any]:
     """The summary of a trial from every rank's rows (``ctx``: rank 0's `ParallelContext`;
-    ``owned``: per parameter name, how many ranks computed its full update)."""
+    ``owned``: per parameter name, how many ranks computed its full update; ``local_world``:
+    the ranks on rank 0's host -- all of them, for `cpu_use`'s share of the cores)."""
     import torch
 
     measured = [r for r in rows if r["measured"]]
@@ -47,6 +49,7 @@ def summarise(cfg: TrialConfig, plan: Any, metrics: Any, rows: list[dict[str, An
         per_step = [max(r[key] for r in rs) for rs in by_step.values()]  # max over ranks
         med, p10, p90 = quantiles(per_step)
         out.update({f"{key}_median": med, f"{key}_p10": p10, f"{key}_p90": p90})
+    out.update(cpu_use(by_step, ctx.world, all_local=local_world == ctx.world))
     matrix_owned = [int(owned.get(name, 0)) for name in matrix_names(plan)]
     out.update(
         {
@@ -65,6 +68,33 @@ def summarise(cfg: TrialConfig, plan: Any, metrics: Any, rows: list[dict[str, An
             "torch_threads": torch.get_num_threads(),
         }
     )
+    return out
+
+
+def cpu_use(by_step: dict[int, list[dict[str, Any]]], world: int, all_local: bool = True) -> dict[str, Any]:
+    """How the optimizer step used this machine's cores, where the ranks recorded CPU times (a
+    local CPU trial): per rank, the main thread's and the other threads' (gloo's) CPU ms
+    (``step_thread_cpu_ms_mean``, ``step_other_threads_cpu_ms_mean``: mean over ranks, median
+    over steps) and ``step_cores_busy``: every rank's CPU ÷ (this machine's cores × the step,
+    max over ranks), median over steps -- about 1 where the ranks oversubscribe the cores and
+    the step is bound by their CPU, not by waiting; only when every rank ran on this host
+    (``all_local``). Nothing when a row lacks the times."""
+    if not by_step or world < 1:
+        return {}
+    rows = [r for rs in by_step.values() for r in rs]
+    if any(r.get("step_thread_cpu_ms") is None or r.get("step_other_threads_cpu_ms") is None for r in rows):
+        return {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    main, other, busy = [], [], []
+    for rs in by_step.values():
+        main.append(statistics.fmean(r["step_thread_cpu_ms"] for r in rs))
+        other.append(statistics.fmean(r["step_other_threads_cpu_ms"] for r in rs))
+        span = max(r["optimizer_step_ms"] for r in rs)
+        if len(rs) == world and span > 0:
+            busy.append(sum(r["step_thread_cpu_ms"] + r["step_other_threads_cpu_ms"] for r in rs) / (cores * span))
+    out = {"step_thread_cpu_ms_mean": statistics.median(main), "step_other_threads_cpu_ms_mean": statistics.median(other)}
+    if busy and all_local:
+        out.update(step_cores_busy=statistics.median(busy), cores=cores)
     return out
 
 

@@ -15,6 +15,8 @@ the TP layers reorder sums, must stay within 1e-5 relative of the single-process
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from util import global_rel
@@ -286,6 +288,11 @@ def test_three_training_steps_match_single_process(tmp_path, reference_params, l
     assert moved > 100 * max(err, 1e-12), "training did not move the parameters enough for the check to mean anything"
     if method == "canzona" and optimizer == "muon":
         assert summary["matrix_owner_counts"] == {"min": 1, "max": 1}
+        # the CPU ranks' CPU times: the step lies inside the iteration, on the same clocks
+        rows = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+        assert all(r["iteration_thread_cpu_ms"] >= r["step_thread_cpu_ms"] > 0
+                   and r["iteration_other_threads_cpu_ms"] >= r["step_other_threads_cpu_ms"] >= 0 for r in rows)
+        assert summary["step_thread_cpu_ms_mean"] > 0 and summary["step_cores_busy"] > 0
 
 
 def test_another_tokenizer_and_tied_output_layer_train_as_single_process(tmp_path) -> None:
