@@ -256,7 +256,8 @@ def trial_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     |error| of the optimizer step and the iteration, raw, speed-adjusted and at the sweep's
     speed), and whether every method meets `GOAL` raw (``goal_met``) and at the sweep's speed
     (``goal_met_sweep_speed``; None without probes)."""
-    speed = sweep_speed_factor([r for r in rows if r.get("plan_matches") is not False])
+    probed = [r for r in rows if r.get("plan_matches") is not False and r.get("speed_factor")]
+    speed = sweep_speed_factor(probed)
     trials = [r for r in per_trial(rows, speed) if r.get("plan_matches") is not False]
     metrics = (*HEADLINE, *(f"{h}_{kind}" for kind in ("speed_adjusted", "sweep_speed") for h in HEADLINE))
 
@@ -272,7 +273,7 @@ def trial_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                           for m, dp, tp in layouts],
             "goal": GOAL, "goal_met": meets_goal(by_method),
             "sweep_speed_factor": speed,
-            "sweep_speed_runs": sum(1 for r in rows if r.get("speed_factor") and r.get("plan_matches") is not False),
+            "sweep_speed_runs": len(probed),
             "goal_met_sweep_speed": meets_goal(by_method, "_sweep_speed") if speed else None}
 
 

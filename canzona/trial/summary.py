@@ -84,16 +84,16 @@ def cpu_use(by_step: dict[int, list[dict[str, Any]]], world: int, all_local: boo
     rows = [r for rs in by_step.values() for r in rs]
     if any(r.get("step_thread_cpu_ms") is None or r.get("step_other_threads_cpu_ms") is None for r in rows):
         return {}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = os.cpu_count() or 1  # as the calibration counts them (device.cores) and threads_per_rank shares them
     main, other, busy = [], [], []
     for rs in by_step.values():
         main.append(statistics.fmean(r["step_thread_cpu_ms"] for r in rs))
         other.append(statistics.fmean(r["step_other_threads_cpu_ms"] for r in rs))
         span = max(r["optimizer_step_ms"] for r in rs)
-        if len(rs) == world and span > 0:
+        if all_local and len(rs) == world and span > 0:
             busy.append(sum(r["step_thread_cpu_ms"] + r["step_other_threads_cpu_ms"] for r in rs) / (cores * span))
     out = {"step_thread_cpu_ms_mean": statistics.median(main), "step_other_threads_cpu_ms_mean": statistics.median(other)}
-    if busy and all_local:
+    if busy:
         out.update(step_cores_busy=statistics.median(busy), cores=cores)
     return out
 
