@@ -156,6 +156,12 @@ class Link:
     # where the link was timed so (gloo: far less than a larger message's latency, by a third to
     # a fifth on the project's VMs); 0: not measured. Its steps scale with the ring's as the latency's.
     one_element_s: float = 0.0
+    # CPU one call costs its process, all threads (the caller's dispatch and wake-up, gloo's
+    # workers and transport loops: `canzona.calibrate.comm.time_call_cpu`) over two ranks, and
+    # per byte of volume; 0: not measured (GPU files: NCCL's kernels hold no core)
+    call_cpu_s: float = 0.0
+    call_cpu_s_per_byte: float = 0.0
+    one_element_call_cpu_s: float = 0.0  # the same for the one-element all-reduce, timed apart
 
     def parts(self, kind: str, p: int, nbytes: float, ring: bool = False) -> tuple[float, float]:
         """(latency seconds, transfer seconds); ``ring``: `ring_steps`'."""
@@ -168,6 +174,16 @@ class Link:
 
     def seconds(self, kind: str, p: int, nbytes: float) -> float:
         return sum(self.parts(kind, p, nbytes))
+
+    def call_cpu(self, kind: str, p: int, nbytes: float, ring: bool = False) -> float:
+        """CPU seconds one call costs each member's process: the per-call part by the
+        ring's steps (as the latency), the per-byte part by the volume."""
+        if p <= 1:
+            return 0.0
+        steps = ring_steps(kind, p, ring) / ring_steps(kind, 2, ring)
+        if kind == "all_reduce" and self.one_element_s and nbytes <= ONE_ELEMENT_BYTES:
+            return self.one_element_call_cpu_s * steps
+        return self.call_cpu_s * steps + volume(kind, p, nbytes) * self.call_cpu_s_per_byte
 
 
 @dataclass(frozen=True)
@@ -422,6 +438,16 @@ class Hardware:
             out.peer_wait = [(w, max(0.0, t - self.sched_wait_s)) for w, t in self.sched_wait_curve]
         return out
 
+    def call_cpu(self, kind: str, nbytes: float, ranks: Sequence[int], level: str | None = None) -> float:
+        """CPU seconds one collective over `ranks` costs each member's process (`Link.call_cpu`:
+        the caller's dispatch and wake-up, gloo's worker and transport threads) that the
+        simulator charges to the member's host: only where the ranks oversubscribe the cores
+        (`oversubscribed`). There every core is busy, so a collective's CPU is the ranks' wall
+        time, where its latency is priced as waiting (`collective_parts`)."""
+        if not (self.contention_s and self.latency_busy):
+            return 0.0
+        return self.links[level or self.level(ranks)][kind].call_cpu(kind, len(ranks), nbytes, ring=True)
+
     def collective(self, kind: str, nbytes: float, ranks: Sequence[int]) -> float:
         """Seconds of one collective over `ranks`."""
         return sum(self.collective_parts(kind, nbytes, ranks))
@@ -630,7 +656,8 @@ def _pass(d: dict[str, Any] | None, fallback: PassTiming) -> PassTiming:
 
 def _link(d: dict[str, Any]) -> Link:
     return Link(float(d["latency_s"]), float(d["bandwidth_Bps"]), float(d.get("step_latency_s", 0.0)),
-                float(d.get("one_element_s", 0.0)))
+                float(d.get("one_element_s", 0.0)), float(d.get("call_cpu_s", 0.0)),
+                float(d.get("call_cpu_s_per_byte", 0.0)), float(d.get("one_element_call_cpu_s", 0.0)))
 
 
 def load_hardware(hardware: str | Path | dict[str, Any] | Hardware) -> Hardware:

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from canzona.calibrate.comm import ONE_ELEMENT
+from canzona.calibrate.comm import CALL_CPU, ONE_ELEMENT
 from canzona.calibrate.compute import measure_compute
-from canzona.calibrate.fit import fit_link, fit_pass
+from canzona.calibrate.fit import fit_call_cpu, fit_link, fit_pass
 from canzona.calibrate.model_pass import pass_dtype
 from canzona.calibrate.settings import Options
 from canzona.calibrate.workers import run_workers
@@ -51,7 +51,7 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 12  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+CALIBRATION_FORMAT = 13  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
 # 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``;
 # 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``);
 # 6: the step's passes (norm, scale, AdamW, apply) timed with cold caches on a CPU, AdamW without
@@ -65,6 +65,8 @@ CALIBRATION_FORMAT = 12  # 3: a CPU's scheduling wait of collectives under overs
 # 11: the contended wait after several amounts of work apart (``compute.sched_wait_curve``,
 #     `canzona.calibrate.contended`), what an oversubscribed trial's collectives wait by
 # 12: a gradient's landing out of cache too, at an embedding's size (``grad_add_large``)
+# 13: the CPU a collective costs its process after work apart, caller and gloo's threads
+#     (``collectives.intra.<kind>.call_cpu_s`` and ``call_cpu_s_per_byte``, `canzona.calibrate.comm.time_call_cpu`)
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -218,6 +220,12 @@ def _collectives(opts: Options, kind: str, gpus: int, workers: dict[str, Any], s
         out: dict[str, Any] = {"intra": {k: fit_link(k, samples[k]) for k in COLLECTIVES}}
         if samples.get(ONE_ELEMENT):
             out["intra"]["all_reduce"]["one_element_s"] = float(samples[ONE_ELEMENT][0][1])
+        cpu = samples.get(CALL_CPU) or {}
+        for k in COLLECTIVES:
+            if cpu.get(k):
+                out["intra"][k].update(fit_call_cpu(k, cpu[k]))
+        if cpu.get(ONE_ELEMENT):
+            out["intra"]["all_reduce"]["one_element_call_cpu_s"] = float(cpu[ONE_ELEMENT][0][1])
         if spec:
             out["inter"] = spec_hardware(spec)["collectives"]["inter"]
             notes.append(f"collectives between nodes (inter) are spec-derived ({spec}): one node cannot measure them")

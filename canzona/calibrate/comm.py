@@ -4,6 +4,7 @@ compute, between the calibration's processes (gloo on CPU, NCCL between two GPUs
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -49,6 +50,7 @@ def sizes(quick: bool, gpu: bool) -> list[int]:
 
 
 ONE_ELEMENT = "all_reduce_one_element"  # the samples' key of the one-element all-reduce
+CALL_CPU = "call_cpu"  # the samples' key of the CPU a call costs its process (`time_call_cpu`)
 SMALL = 1 << 17  # elements: buffers whose time is mostly latency (`time_collectives`)
 SMALL_REPS_FACTOR = 4
 
@@ -72,7 +74,7 @@ def time_collectives(world: int, quick: bool, clock: Clock) -> dict[str, list[li
     for fn, _ in collective_ops(1 << 12, world, clock.device).values():
         for _ in range(3):
             fn()
-    samples: dict[str, list[list[float]]] = {k: [] for k in COLLECTIVES}
+    samples: dict[str, Any] = {k: [] for k in COLLECTIVES}
     for n in sizes(quick, clock.cuda):
         n -= n % world
         for kind, (fn, nbytes) in collective_ops(n, world, clock.device).items():
@@ -95,6 +97,48 @@ def _slowest_mean(fn: Callable[[], Any], reps: int, clock: Clock) -> float:
     t = torch.tensor([statistics.fmean(times)], device=clock.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
+
+
+WORK_APART_MATMULS = 64  # 96x96 fp32 matmuls before each call `time_call_cpu` times (about 2 ms on 2 cores)
+
+
+def time_call_cpu(world: int, quick: bool) -> dict[str, list[list[float]]]:
+    """kind -> [[N bytes, CPU seconds], ...] (and `ONE_ELEMENT`): the CPU one call costs its
+    process, all threads together -- the caller's dispatch and wake-up, gloo's worker and
+    transport threads -- the mean over calls and ranks, each call after a barrier and a few
+    milliseconds of compute, as a trial's optimizer step issues its collectives between
+    matrices' updates. Back to back the threads are still awake: on the project's 2-core VM a
+    pair's all-gather read about 0.25 ms less CPU there than after work (docs/results.md). A
+    trial whose ranks oversubscribe the cores pays this CPU in wall time
+    (`canzona.hardware.Hardware.call_cpu`). CPU only (gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    reps = 6 if quick else 12
+    a = torch.randn(96, 96) / 96**0.5
+
+    def per_call(fn: Callable[[], Any]) -> float:
+        spent = 0.0
+        for _ in range(reps):
+            dist.barrier()
+            for _ in range(WORK_APART_MATMULS):
+                a @ a
+            before = time.process_time()
+            fn()
+            spent += time.process_time() - before
+        cpu = torch.tensor([spent / reps])
+        dist.all_reduce(cpu)
+        return float(cpu) / world
+
+    out: dict[str, list[list[float]]] = {k: [] for k in COLLECTIVES}
+    for n in sizes(quick, False):
+        n -= n % world
+        for kind, (fn, nbytes) in collective_ops(n, world, "cpu").items():
+            fn()
+            out[kind].append([float(nbytes), per_call(fn)])
+    one = torch.ones(1)
+    out[ONE_ELEMENT] = [[4.0, per_call(partial(dist.all_reduce, one))]]
+    return out
 
 
 def time_overlap(quick: bool, clock: Clock,

@@ -28,6 +28,21 @@ def fit_link(kind: str, samples: list[list[float]], p: int = 2) -> dict[str, flo
     return {"latency_s": step, "step_latency_s": step, "bandwidth_Bps": float(1.0 / b)}
 
 
+def fit_call_cpu(kind: str, samples: list[list[float]], p: int = 2) -> dict[str, float]:
+    """``{"call_cpu_s", "call_cpu_s_per_byte"}``: relative least squares (as `fit_link`: the
+    small sizes fix the constant, the large ones the slope) of the CPU seconds
+    per call (`canzona.calibrate.comm.time_call_cpu`) on (1, volume), both non-negative (a
+    negative slope is noise about a constant: the mean alone)."""
+    vol = np.array([volume(kind, p, n) for n, _ in samples])
+    cpu = np.array([max(0.0, c) for _, c in samples])
+    w = 1.0 / np.maximum(cpu, 1e-9)
+    A = np.stack([np.ones_like(vol), vol], axis=1) * w[:, None]
+    (a, b), *_ = np.linalg.lstsq(A, cpu * w, rcond=None)
+    if b < 0 or a < 0:
+        a, b = (float(cpu.mean()), 0.0) if b < 0 else (0.0, float(cpu @ vol / max(vol @ vol, 1e-30)))
+    return {"call_cpu_s": float(a), "call_cpu_s_per_byte": float(b)}
+
+
 def fit_pass(points: list[dict], key: str, fallback_rate: float) -> dict[str, float]:
     """Fit ``seconds = fixed + layers·layer + flops/rate`` (non-negative coefficients)."""
     L = np.array([p["layers"] for p in points], dtype=float)

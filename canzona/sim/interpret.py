@@ -64,6 +64,15 @@ from canzona.sim.timeline import Handle, Timeline
 _WAIT, _ISSUE, _HOST, _MARK, _LOCKSTEP = range(5)
 
 
+def call_bytes(c) -> float:
+    """The bytes a collective call is priced by, as its rank sees it: an all-gather's output, an
+    all-to-all's larger side beyond what stays local, the full buffer of the others."""
+    width = DTYPE_BYTES[c.dtype]
+    if c.op == "all_to_all":
+        return max(c.in_elems - c.local_elems, c.out_elems - c.local_elems) * width
+    return (c.out_elems if c.op == "all_gather" else c.in_elems) * width
+
+
 class Deadlock(RuntimeError):
     """No rank can make progress: some collective is never issued by all its members."""
 
@@ -174,14 +183,8 @@ class ProgramSim:
         level = level or hw.level(members)
         lats, trs = [], []
         for k, c in enumerate(first):
-            width = DTYPE_BYTES[c.dtype]
-            if c.op == "all_to_all":
-                nbytes = max(max(x.in_elems - x.local_elems, x.out_elems - x.local_elems)
-                             for x in (m[k] for m in per_member)) * width
-            elif c.op == "all_gather":
-                nbytes = c.out_elems * width
-            else:  # all_reduce, reduce_scatter, reduce, broadcast: the full buffer
-                nbytes = c.in_elems * width
+            # an all-to-all's busiest member sets its bytes
+            nbytes = max(call_bytes(m[k]) for m in per_member) if c.op == "all_to_all" else call_bytes(c)
             lat, tr = hw.collective_parts(c.op, nbytes, members, level)
             lats.append(lat)
             trs.append(tr)
@@ -363,7 +366,15 @@ class ProgramSim:
             return (_HOST, None, a.phase, a.tag), True
         gid, members = self._group(calls[0].axis, r)
         pack = self.hw.copy(a.pack_elems * DTYPE_BYTES[calls[0].dtype]) if a.pack_elems else None
+        cpu = self._call_cpu(calls, members, self._level(gid, members))
+        if cpu:  # the calls' own CPU (caller and gloo's threads), where it costs the rank's cores
+            pack = (pack or 0.0) + cpu
         return (_ISSUE, calls, gid, members, calls[0].axis, pack, a.phase, a.tag, 0.0), False
+
+    def _call_cpu(self, calls, members: Sequence[int], level: str) -> float:
+        """Seconds of CPU the rank's ``calls`` cost its process that its host pays
+        (`Hardware.call_cpu`: an oversubscribed CPU), each call's bytes as this rank sees them."""
+        return sum(self.hw.call_cpu(c.op, call_bytes(c), members, level) for c in calls)
 
     def _gram_op(self, a: GramCompute, r: int) -> tuple[tuple, bool]:
         """Issued as a collective whose length is its calls' plus the rank's Newton–Schulz of

@@ -145,11 +145,16 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
          f"TFLOP/s ({matmul_dtype}) plus elementwise passes at the memory bandwidth, matrix by matrix"),
     ]
     if scale > 1.0:
+        ag = hw.links["intra"]["all_gather"]
         out.append(f"CPU oversubscribed: {cfg.world_size} ranks on {hw.device.get('cores')} cores: host work and "
                    f"collectives ×{scale:.2g} (the optimizer step too; gloo's calls keep a core busy, latency "
                    "included), the model pass's blocking TP collectives not stretched"
                    + (f"; every collective waits {hw.sched_wait_s * 1e3:.2g} ms more for its peers to be scheduled "
-                      "(the calibration's contended measurement)" if hw.sched_wait_s else ""))
+                      "(the calibration's contended measurement)" if hw.sched_wait_s else "")
+                   + (f"; after the backward, each collective's own CPU, caller's and gloo's threads (the calibration's: "
+                      f"{ag.call_cpu_s * 1e3:.2g} ms + {ag.call_cpu_s_per_byte * 1e9:.2g} ms/MB for an all-gather "
+                      f"over two) is charged, stretched, to its issuing rank's host" if ag.call_cpu_s or ag.call_cpu_s_per_byte
+                      else ""))
     contended_curve = scale > 1.0 and bool(hw.sched_wait_curve)
     drift = hw.oversubscribed().peer_wait if contended_curve else hw.peer_wait
     if drift and cfg.world_size > 1:

@@ -102,6 +102,14 @@ def test_quick_calibration_cli_with_gloo_collectives(quick_calibration) -> None:
     # the one-element all-reduce, timed apart and written beside the fitted line
     (one,) = data["calibration"]["collective_samples"]["all_reduce_one_element"]
     assert one[0] == 4.0 and data["collectives"]["intra"]["all_reduce"]["one_element_s"] == one[1] > 0
+    # a call's CPU (caller and gloo's threads) after work apart, at every size, fitted per kind: never nothing
+    cpu = data["calibration"]["collective_samples"]["call_cpu"]
+    assert set(cpu) == {*COLLECTIVES, "all_reduce_one_element"}
+    assert all(len(cpu[k]) >= 3 and all(c >= 0 for _, c in cpu[k]) for k in COLLECTIVES)
+    assert all(link["call_cpu_s"] >= 0 and link["call_cpu_s_per_byte"] >= 0
+               and link["call_cpu_s"] + link["call_cpu_s_per_byte"] > 0
+               for link in data["collectives"]["intra"].values())
+    assert data["collectives"]["intra"]["all_reduce"]["one_element_call_cpu_s"] == cpu["all_reduce_one_element"][0][1]
     assert data["calibration"]["collectives_source"] == "measured" and data["notes"] == []
     assert 0.0 <= data["compute"]["overlap"] <= 1.0
     # without the model timed (model=false, quick's default) the overlap is measured against matmuls
@@ -204,6 +212,25 @@ def test_fits_recover_known_parameters() -> None:
            for L, f in [(1, 1e7), (2, 2e7), (4, 3e7), (2, 9e7)]]
     fit = fit_pass(pts, "forward_s", 1.0)
     assert np.allclose([fit["fixed_s"], fit["layer_s"], fit["flops_per_s"]], [1e-3, 2e-3, 1e10], rtol=1e-6)
+
+
+def test_the_call_cpu_fit_recovers_a_line_and_keeps_both_terms_non_negative() -> None:
+    """A collective's CPU per call (`canzona.calibrate.comm.time_call_cpu`) on (1, volume): a line
+    is recovered; a falling one (noise about a constant) is its mean, a line through zero its slope."""
+    from canzona.calibrate.fit import fit_call_cpu
+    from canzona.hardware import Link
+
+    sizes = [1024.0, 65536.0, 524288.0, 4194304.0]
+    fit = fit_call_cpu("all_gather", [[n, 3e-4 + 0.5 * n * 1e-9] for n in sizes])  # 2 ranks: half the bytes
+    assert fit == pytest.approx({"call_cpu_s": 3e-4, "call_cpu_s_per_byte": 1e-9}, rel=1e-6)
+    link = Link(1e-4, 1e9, 1e-4, 0.0, **fit)
+    assert link.call_cpu("all_gather", 2, 4194304.0) == pytest.approx(3e-4 + 0.5 * 4194304 * 1e-9, rel=1e-6)
+    # at 4 ranks: three ring steps of the per-call part, the ring's volume
+    assert link.call_cpu("all_gather", 4, 4194304.0, ring=True) == pytest.approx(9e-4 + 0.75 * 4194304 * 1e-9, rel=1e-6)
+    falling = fit_call_cpu("all_reduce", [[n, 4e-4 - i * 1e-5] for i, n in enumerate(sizes)])
+    assert falling == pytest.approx({"call_cpu_s": 3.85e-4, "call_cpu_s_per_byte": 0.0})
+    through_zero = fit_call_cpu("broadcast", [[n, n * 2e-9 - 1e-6] for n in sizes])
+    assert through_zero["call_cpu_s"] == 0.0 and through_zero["call_cpu_s_per_byte"] == pytest.approx(2e-9, rel=1e-3)
 
 
 def test_a_fitted_all_reduce_prices_the_two_process_timings_it_was_fitted_on() -> None:

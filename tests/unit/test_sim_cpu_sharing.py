@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 
 from canzona.hardware import load_hardware
@@ -125,6 +126,49 @@ def test_an_oversubscribed_collective_waits_by_the_contended_curve_of_the_work_a
     assert project(tp2, waits)["optimizer_step_ms"] > project(tp2, plain)["optimizer_step_ms"]
     assert any("canzona.calibrate.contended's curve" in a for a in assumptions(tp2, hw, 2.0))
     assert not any("contended's curve" in a for a in assumptions(tp1, hw, 1.0))
+
+
+def _with_call_cpu(hw_data: dict, per_call_s: float, per_byte_s: float, one_element: float):
+    """``hw_data`` with every intra link's CPU per call set, and the one-element all-reduce's
+    latency and CPU."""
+    intra = {k: {**v, "call_cpu_s": per_call_s, "call_cpu_s_per_byte": per_byte_s}
+             for k, v in hw_data["collectives"]["intra"].items()}
+    intra["all_reduce"].update(one_element_s=1e-4, one_element_call_cpu_s=one_element)
+    return load_hardware({**hw_data, "collectives": {"intra": intra}})
+
+
+def test_a_collectives_own_cpu_is_charged_to_an_oversubscribed_ranks_host() -> None:
+    """A collective's own CPU, the caller's and gloo's threads (``call_cpu_s`` + per byte,
+    calibration format 13), costs wall time only where every core is taken: an oversubscribed trial's
+    step, on the host of each member that issued it (the one-element all-reduce by its own
+    measurement). Without oversubscription, or with the CPU unmeasured, the projection is
+    unchanged to the bit."""
+    from canzona.config import load_config
+    from canzona.sim.simulate import project
+
+    base = _with_call_cpu(_cpu_hardware(1e-3).raw, 0.0, 0.0, one_element=0.0)
+    hw = _with_call_cpu(base.raw, 3e-4, 1e-9, one_element=5e-5)
+    assert hw.call_cpu("all_gather", 1e6, [0, 1]) == 0.0  # the file's own view: nothing charged
+    over = hw.oversubscribed()
+    assert over.call_cpu("all_gather", 1e6, [0, 1]) == pytest.approx(3e-4 + 0.5e6 * 1e-9, rel=1e-12)
+    # four ranks: three ring steps of the per-call part (an all-reduce's six against two), the ring's volume
+    assert over.call_cpu("all_gather", 1e6, [0, 1, 2, 3]) == pytest.approx(9e-4 + 0.75e6 * 1e-9, rel=1e-12)
+    assert over.call_cpu("all_reduce", 4.0, [0, 1, 2, 3]) == pytest.approx(3 * 5e-5, rel=1e-12)
+    assert base.oversubscribed().call_cpu("all_gather", 1e6, [0, 1]) == 0.0  # not measured: none
+
+    cli = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "method=sync", "optimizer=muon",
+           "dist.device=cpu", "dist.threads_per_rank=1", "train.seq_len=32", "parallel.dp=2"]
+    tp1, tp2 = load_config([*cli, "parallel.tp=1"]), load_config([*cli, "parallel.tp=2"])
+    def timings(res: dict) -> tuple:
+        return res["iteration_ms"], res["optimizer_step_ms"], res["forward_ms"], res["backward_ms"]
+
+    assert timings(project(tp1, hw)) == timings(project(tp1, base))  # 2 ranks on 2 cores: gloo's threads find a core
+    charged, plain = project(tp2, hw), project(tp2, base)
+    assert charged["optimizer_step_ms"] > plain["optimizer_step_ms"]
+    assert charged["forward_ms"] == plain["forward_ms"]  # the model's passes are calibrated whole
+    said = [a for a in charged["assumptions"] if "own CPU, caller's and gloo's threads" in a]
+    assert said and "0.3 ms + 1 ms/MB" in said[0]
+    assert not any("own CPU, caller's and gloo's threads" in a for a in plain["assumptions"])
 
 
 def test_a_cpu_collectives_latency_keeps_a_core_busy_and_a_gpus_does_not() -> None:
