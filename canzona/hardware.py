@@ -21,6 +21,8 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
                                            # work since its previous one (canzona.calibrate.peer_wait); []: none
       sched_wait_curve: [[work_s, wait_s], ...]  # CPU: sched_wait_s's measurement after each amount of
                                            # work apart (canzona.calibrate.contended); []: sched_wait_s alone
+      idle_threads_cpu_per_s: x            # CPU: CPU seconds a second a rank's other threads use idle
+                                           # (gloo's transport loops; canzona.calibrate.comm.idle_threads_cpu)
     updates: {muon: {"MxN": s}, ...}       # one update of one matrix, refreshes amortised
                                            # (canzona.cost.load_measured reads this table)
     batched: {muon: {"MxN": {slope_s, overhead_s, refresh_s, stacked_slope_s}}}  # steady-state batched calls
@@ -51,6 +53,9 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
       intra: {all_reduce: {latency_s, step_latency_s, bandwidth_Bps, one_element_s}, reduce_scatter: ...,
               all_gather: ..., all_to_all: ..., broadcast: ..., reduce: ...}
               # one_element_s (optional, calibrated CPUs): a one-element all-reduce over 2 ranks
+              # call_cpu_s, call_cpu_s_per_byte, one_element_call_cpu_s (optional, calibrated CPUs):
+              # the CPU a call costs its process after work apart, per call and per byte of volume
+              # (canzona.calibrate.comm.time_call_cpu); charged only to oversubscribed ranks
       inter: {...}                         # groups spanning more than one node
 
 Collective model: ``latency_s + (steps(P) - 1)·step_latency_s + volume / bandwidth_Bps`` where
@@ -255,6 +260,9 @@ class Hardware:
         self.peer_wait = sorted((float(w), float(t)) for w, t in (comp.get("peer_wait") or []))
         # The contended wait by the work apart (`canzona.calibrate.contended`): what `oversubscribed` waits
         self.sched_wait_curve = sorted((float(w), float(t)) for w, t in (comp.get("sched_wait_curve") or []))
+        # CPU seconds a second a rank's other threads use with nothing to do (gloo's transport
+        # loops, `canzona.calibrate.comm.idle_threads_cpu`): cores an oversubscribed trial loses
+        self.idle_threads_cpu_per_s = float(comp.get("idle_threads_cpu_per_s", 0.0))
         # Whether calls issued as one coalesced group launch together (NCCL's group calls on
         # GPUs); gloo on CPUs has no coalescing and runs them one after another.
         self.coalesces = bool(comp.get("coalesces", self.device.get("kind", "cpu") != "cpu"))

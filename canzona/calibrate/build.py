@@ -66,7 +66,8 @@ CALIBRATION_FORMAT = 13  # 3: a CPU's scheduling wait of collectives under overs
 #     `canzona.calibrate.contended`), what an oversubscribed trial's collectives wait by
 # 12: a gradient's landing out of cache too, at an embedding's size (``grad_add_large``)
 # 13: the CPU a collective costs its process after work apart, caller and gloo's threads
-#     (``collectives.intra.<kind>.call_cpu_s`` and ``call_cpu_s_per_byte``, `canzona.calibrate.comm.time_call_cpu`)
+#     (``collectives.intra.<kind>.call_cpu_s`` and ``call_cpu_s_per_byte``, `canzona.calibrate.comm.time_call_cpu`),
+#     and what a rank's idle process groups cost it (``compute.idle_threads_cpu_per_s``)
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -178,6 +179,7 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
             "sched_wait_s": contended["sched_wait_s"] if contended else 0.0,
             "peer_wait": drift["points"] if drift else [],
             "sched_wait_curve": contended["curve"] if contended else [],
+            "idle_threads_cpu_per_s": float(workers.get("idle_threads_cpu_per_s", 0.0)),
         },
         "ns_dtype": opts.ns_dtype_for(kind),
         "precondition_frequency": opts.precondition_frequency,

@@ -99,6 +99,28 @@ def _slowest_mean(fn: Callable[[], Any], reps: int, clock: Clock) -> float:
     return float(t)
 
 
+def idle_threads_cpu(seconds: float) -> float:
+    """CPU seconds per second this process's threads other than the caller's use while it sleeps
+    ``seconds``, the mean over ranks: gloo's transport loops, one per process group the rank is
+    in, waking with nothing to do (on the project's 2-core VM about 27 ms a second with
+    Megatron's groups, at two ranks as at four). A trial whose ranks oversubscribe the cores
+    loses that share of them (`canzona.sim.simulate.oversubscription`). CPU only."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    before, t0 = other_threads_cpu(), time.perf_counter()
+    time.sleep(seconds)
+    rate = torch.tensor([(other_threads_cpu() - before) / (time.perf_counter() - t0)])
+    dist.all_reduce(rate)
+    return float(rate) / dist.get_world_size()
+
+
+def other_threads_cpu() -> float:
+    """CPU seconds this process's threads other than the calling one have used so far."""
+    return time.process_time() - time.thread_time()
+
+
 WORK_APART_MATMULS = 64  # 96x96 fp32 matmuls before each call `time_call_cpu` times (about 2 ms on 2 cores)
 
 

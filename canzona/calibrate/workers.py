@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.calibrate.clock import Clock
-from canzona.calibrate.comm import CALL_CPU, time_call_cpu, time_collectives, time_overlap
+from canzona.calibrate.comm import CALL_CPU, idle_threads_cpu, time_call_cpu, time_collectives, time_overlap
 from canzona.calibrate.compute import measure_compute
 from canzona.calibrate.model_pass import backward_work, time_model
 from canzona.calibrate.settings import Options
@@ -49,6 +49,7 @@ def worker(rank: int, world: int, port: int, opts: Options, device_kind: str, ou
             result["collectives"] = time_collectives(world, opts.quick, clock)
             if not clock.cuda:
                 result["collectives"][CALL_CPU] = time_call_cpu(world, opts.quick)
+                result["idle_threads_cpu_per_s"] = idle_threads_cpu(0.5 if opts.quick else 1.0)
             # against the model's backward where the model is timed (what the gradient
             # reductions overlap in a trial), else against matmuls
             work = backward_work(rank, world, clock) if opts.model else None

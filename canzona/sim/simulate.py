@@ -36,12 +36,21 @@ RENAMED = {"profile": Renamed("hardware", "the hardware file: h100, h200, a100, 
 
 # ---------------------------------------------------------------------------------- entry points
 def oversubscription(cfg: TrialConfig, hw: Hardware) -> tuple[float, int, int]:
-    """CPU hardware: (ranks × threads per rank / cores, at least 1; threads; cores)."""
+    """CPU hardware: (how much longer a rank's work takes than the calibration timed it, at least
+    1; threads; cores). Where ranks × threads per rank exceed the cores, that ratio, and more
+    where the file measured what a rank's idle threads use (``idle_threads_cpu_per_s``, ρ):
+    the R ranks keep R·ρ of the C cores busy, so each rank's threads share C − R·ρ, where the
+    calibration's processes, a core each, had 1 − ρ: the ratio × (1 − ρ) · C / (C − R·ρ)."""
     cores = hw.device.get("cores")
     if hw.device.get("kind", "cpu") != "cpu" or not cores:
         return 1.0, 1, 0
-    threads = threads_per_rank(cfg, cores=int(cores))  # as a trial of this world on those cores would run
-    return max(1.0, cfg.world_size * threads / int(cores)), threads, int(cores)
+    cores = int(cores)
+    threads = threads_per_rank(cfg, cores=cores)  # as a trial of this world on those cores would run
+    ratio = cfg.world_size * threads / cores
+    if ratio <= 1.0:
+        return 1.0, threads, cores
+    idle = min(hw.idle_threads_cpu_per_s, 0.5 * cores / cfg.world_size)  # (never more than half the cores)
+    return ratio * (1.0 - idle) * cores / (cores - cfg.world_size * idle), threads, cores
 
 
 def simulate(cfg: TrialConfig, hardware: Any, plan: Plan | None = None) -> ProgramSim:
@@ -147,8 +156,10 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
     if scale > 1.0:
         ag = hw.links["intra"]["all_gather"]
         out.append(f"CPU oversubscribed: {cfg.world_size} ranks on {hw.device.get('cores')} cores: host work and "
-                   f"collectives ×{scale:.2g} (the optimizer step too; gloo's calls keep a core busy, latency "
+                   f"collectives ×{scale:.3g} (the optimizer step too; gloo's calls keep a core busy, latency "
                    "included), the model pass's blocking TP collectives not stretched"
+                   + (f"; the ratio includes the {hw.idle_threads_cpu_per_s * 1e3:.2g} ms of CPU a second each rank's idle "
+                      "threads use (the calibration's)" if hw.idle_threads_cpu_per_s else "")
                    + (f"; every collective waits {hw.sched_wait_s * 1e3:.2g} ms more for its peers to be scheduled "
                       "(the calibration's contended measurement)" if hw.sched_wait_s else "")
                    + (f"; after the backward, each collective's own CPU, caller's and gloo's threads (the calibration's: "

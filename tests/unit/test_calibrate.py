@@ -110,6 +110,8 @@ def test_quick_calibration_cli_with_gloo_collectives(quick_calibration) -> None:
                and link["call_cpu_s"] + link["call_cpu_s_per_byte"] > 0
                for link in data["collectives"]["intra"].values())
     assert data["collectives"]["intra"]["all_reduce"]["one_element_call_cpu_s"] == cpu["all_reduce_one_element"][0][1]
+    # what the idle process groups' threads use, a share of a core (none where gloo's loops sleep)
+    assert 0.0 <= data["compute"]["idle_threads_cpu_per_s"] < 1.0
     assert data["calibration"]["collectives_source"] == "measured" and data["notes"] == []
     assert 0.0 <= data["compute"]["overlap"] <= 1.0
     # without the model timed (model=false, quick's default) the overlap is measured against matmuls

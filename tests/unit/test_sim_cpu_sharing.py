@@ -171,6 +171,27 @@ def test_a_collectives_own_cpu_is_charged_to_an_oversubscribed_ranks_host() -> N
     assert not any("own CPU, caller's and gloo's threads" in a for a in plain["assumptions"])
 
 
+def test_idle_threads_take_their_share_of_an_oversubscribed_cpus_cores() -> None:
+    """``compute.idle_threads_cpu_per_s`` (ρ, gloo's transport loops waking with nothing to do):
+    4 ranks on 2 cores share 2 − 4ρ cores where the calibration's processes had 1 − ρ each, so
+    the stretch is 2 · (1 − ρ) · 2 / (2 − 4ρ); 2 ranks on 2 cores are not stretched at all."""
+    from canzona.config import load_config
+    from canzona.sim.simulate import assumptions, oversubscription
+
+    cli = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "dist.device=cpu",
+           "dist.threads_per_rank=1", "parallel.dp=2"]
+    tp1, tp2 = load_config([*cli, "parallel.tp=1"]), load_config([*cli, "parallel.tp=2"])
+    hw = _cpu_hardware(0.0, idle_threads_cpu_per_s=0.027)
+    assert oversubscription(tp2, hw) == (pytest.approx(2 * 0.973 * 2 / (2 - 4 * 0.027), rel=1e-12), 1, 2)
+    assert oversubscription(tp1, hw) == (1.0, 1, 2)
+    assert oversubscription(tp2, _cpu_hardware(0.0)) == (2.0, 1, 2)
+    said = assumptions(tp2, hw, oversubscription(tp2, hw)[0])
+    assert any("×2.06" in a and "27 ms of CPU a second" in a for a in said)
+    # a file claiming more than half the cores for idle threads is held to half
+    greedy = _cpu_hardware(0.0, idle_threads_cpu_per_s=0.9)
+    assert oversubscription(tp2, greedy)[0] == pytest.approx(2 * 0.75 * 2 / 1.0)
+
+
 def test_a_cpu_collectives_latency_keeps_a_core_busy_and_a_gpus_does_not() -> None:
     """gloo's calls (dispatch, its thread's hand-offs, loopback syscalls) run on the rank's cores:
     on a CPU file the whole collective is busy time, unless the ranks oversubscribe the cores
