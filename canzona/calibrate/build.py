@@ -51,7 +51,7 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 13  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+CALIBRATION_FORMAT = 14  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
 # 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``;
 # 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``);
 # 6: the step's passes (norm, scale, AdamW, apply) timed with cold caches on a CPU, AdamW without
@@ -66,8 +66,8 @@ CALIBRATION_FORMAT = 13  # 3: a CPU's scheduling wait of collectives under overs
 #     `canzona.calibrate.contended`), what an oversubscribed trial's collectives wait by
 # 12: a gradient's landing out of cache too, at an embedding's size (``grad_add_large``)
 # 13: the CPU a collective costs its process after work apart, caller and gloo's threads
-#     (``collectives.intra.<kind>.call_cpu_s`` and ``call_cpu_s_per_byte``, `canzona.calibrate.comm.time_call_cpu`),
-#     and what a rank's idle process groups cost it (``compute.idle_threads_cpu_per_s``)
+#     (``collectives.intra.<kind>.call_cpu_s`` and ``call_cpu_s_per_byte``, `canzona.calibrate.comm.time_call_cpu`)
+# 14: what a rank's idle threads use a second (``compute.idle_threads_cpu_per_s``, `canzona.calibrate.comm.idle_threads_cpu`)
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
