@@ -360,12 +360,16 @@ class Hardware:
             **({"oversubscribed_wait_ms_after_work_ms": [[r(w * 1e3), r(t * 1e3)] for w, t in self.sched_wait_curve]}
                if self.sched_wait_curve else {}),
             **({"collectives_at_once_per_group": self.comm_lanes} if self.comm_lanes > 1 else {}),
+            **({"idle_threads_cpu_ms_per_s": r(self.idle_threads_cpu_per_s * 1e3)} if self.idle_threads_cpu_per_s else {}),
             "optimizer_table": sorted(o for o, t in self.batched.items() if t) or "none (flops at the matmul rate)",
         }
         for level, links in self.links.items():
             ar = links["all_reduce"]
             rates[f"{level}_all_reduce"] = {"latency_us": r(ar.latency_s * 1e6), "step_latency_us": r(ar.step_latency_s * 1e6),
-                                            "bandwidth_GBps": r(ar.bandwidth_Bps / 1e9)}
+                                            "bandwidth_GBps": r(ar.bandwidth_Bps / 1e9),
+                                            **({"cpu_us_per_call": r(ar.call_cpu_s * 1e6),
+                                                "cpu_us_per_MB": r(ar.call_cpu_s_per_byte * 1e12)}
+                                               if ar.call_cpu_s or ar.call_cpu_s_per_byte else {})}
         out: dict[str, Any] = {
             "name": self.name, "source": self.source, "path": self.path, "fingerprint": self.fingerprint,
             "description": self.raw.get("description"), "device": dict(self.device),

@@ -155,6 +155,9 @@ def test_a_collectives_own_cpu_is_charged_to_an_oversubscribed_ranks_host() -> N
     assert over.call_cpu("all_gather", 1e6, [0, 1, 2, 3]) == pytest.approx(9e-4 + 0.75e6 * 1e-9, rel=1e-12)
     assert over.call_cpu("all_reduce", 4.0, [0, 1, 2, 3]) == pytest.approx(3 * 5e-5, rel=1e-12)
     assert base.oversubscribed().call_cpu("all_gather", 1e6, [0, 1]) == 0.0  # not measured: none
+    # the report's inputs state the rates the charge rests on
+    assert hw.inputs()["rates"]["intra_all_reduce"]["cpu_us_per_call"] == 300.0
+    assert "cpu_us_per_call" not in base.inputs()["rates"]["intra_all_reduce"]
 
     cli = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "method=sync", "optimizer=muon",
            "dist.device=cpu", "dist.threads_per_rank=1", "train.seq_len=32", "parallel.dp=2"]
@@ -185,6 +188,7 @@ def test_idle_threads_take_their_share_of_an_oversubscribed_cpus_cores() -> None
     assert oversubscription(tp2, hw) == (pytest.approx(2 * 0.973 * 2 / (2 - 4 * 0.027), rel=1e-12), 1, 2)
     assert oversubscription(tp1, hw) == (1.0, 1, 2)
     assert oversubscription(tp2, _cpu_hardware(0.0)) == (2.0, 1, 2)
+    assert hw.inputs()["rates"]["idle_threads_cpu_ms_per_s"] == 27.0
     said = assumptions(tp2, hw, oversubscription(tp2, hw)[0])
     assert any("×2.06" in a and "27 ms of CPU a second" in a for a in said)
     # a file claiming more than half the cores for idle threads is held to half
