@@ -74,7 +74,7 @@ def time_collectives(world: int, quick: bool, clock: Clock) -> dict[str, list[li
     for fn, _ in collective_ops(1 << 12, world, clock.device).values():
         for _ in range(3):
             fn()
-    samples: dict[str, Any] = {k: [] for k in COLLECTIVES}
+    samples: dict[str, list[list[float]]] = {k: [] for k in COLLECTIVES}
     for n in sizes(quick, clock.cuda):
         n -= n % world
         for kind, (fn, nbytes) in collective_ops(n, world, clock.device).items():
