@@ -51,7 +51,7 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 14  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+CALIBRATION_FORMAT = 15  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
 # 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``;
 # 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``);
 # 6: the step's passes (norm, scale, AdamW, apply) timed with cold caches on a CPU, AdamW without
@@ -68,6 +68,8 @@ CALIBRATION_FORMAT = 14  # 3: a CPU's scheduling wait of collectives under overs
 # 13: the CPU a collective costs its process after work apart, caller and gloo's threads
 #     (``collectives.intra.<kind>.call_cpu_s`` and ``call_cpu_s_per_byte``, `canzona.calibrate.comm.time_call_cpu`)
 # 14: what a rank's idle threads use a second (``compute.idle_threads_cpu_per_s``, `canzona.calibrate.comm.idle_threads_cpu`)
+# 15: a CPU's processes keep the memory they free, as a trial's CPU ranks now do (`canzona.host_memory`;
+#     ``calibration.host_allocator``): glibc's page faults no longer decide a model pass's time
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -207,7 +209,9 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
     }
     if kind == "cpu":  # this machine's speed at calibration time (`canzona.calibrate.probe`)
         from canzona.calibrate.probe import speed_probe
+        from canzona.host_memory import retain_freed_memory
 
+        hardware["calibration"]["host_allocator"] = retain_freed_memory()
         hardware["calibration"]["speed_probe_flops_per_s"] = speed_probe()
     hardware["calibration"]["seconds"] = round(time.perf_counter() - started, 1)
     return hardware

@@ -275,11 +275,13 @@ def _measure(kind: str, threads: int, ident: Identity, data: dict[str, Any] | No
 
     from canzona.calibrate.clock import Clock
     from canzona.calibrate.kernels import CAP_S, Job, matmul_rates, time_elementwise, time_kernel_updates
+    from canzona.host_memory import retain_freed_memory
     from canzona.optim.section import OptimizerSection
 
     before = torch.get_num_threads()
     if kind == "cpu":
         torch.set_num_threads(threads)
+        retain_freed_memory()  # time the updates as a trial's CPU rank runs them (`canzona.host_memory`)
     try:
         clock = Clock(torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else "cpu")
         now = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -84,7 +84,10 @@ def pairs_worker(rank: int, world: int, port: int, chunks: tuple[int, ...], roun
     import torch
     import torch.distributed as dist
 
+    from canzona.host_memory import retain_freed_memory
+
     torch.set_num_threads(1)
+    retain_freed_memory()  # as a trial's CPU rank runs
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:

@@ -20,6 +20,7 @@ from canzona.calibrate.comm import CALL_CPU, idle_threads_cpu, time_call_cpu, ti
 from canzona.calibrate.compute import measure_compute
 from canzona.calibrate.model_pass import backward_work, time_model
 from canzona.calibrate.settings import Options
+from canzona.host_memory import retain_freed_memory
 from canzona.net import free_port
 
 TIMEOUT_S = 600.0
@@ -32,6 +33,8 @@ def worker(rank: int, world: int, port: int, opts: Options, device_kind: str, ou
     from canzona.model.parallel import destroy_parallel, init_parallel
 
     torch.set_num_threads(opts.threads)
+    if device_kind == "cpu":  # as a trial's CPU rank runs (`canzona.host_memory`)
+        retain_freed_memory()
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)})
     ctx = init_parallel(1, device_kind, TIMEOUT_S)

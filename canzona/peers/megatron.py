@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from canzona.errors import ConfigError
+from canzona.host_memory import ENV as HOST_MEMORY_ENV
+from canzona.host_memory import POLICY as HOST_MEMORY_POLICY
 from canzona.peers import PEERS, TP_MODES, PeerRun
 
 WORKER = Path(__file__).with_name("megatron_worker.py")
@@ -125,6 +127,8 @@ def launch(job: dict[str, Any], out: Path, python: Path, timeout_s: float | None
     log = out / "peer-worker.log"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(OMP_NUM_THREADS=str(job["threads_per_rank"]), PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
+    if job["device"] == "cpu":  # its ranks keep freed memory, as the harness's CPU ranks do
+        env.update(HOST_MEMORY_ENV)
     if timeout_s is None:
         timeout_s = 300 + job["timeout_s"] * (job["train"]["steps"] + job["train"]["warmup"] + 2)
     with open(log, "w") as fh:
@@ -161,6 +165,7 @@ def run(cfg: Any, out: Path, settings: dict[str, Any] | None = None) -> PeerRun:
                      if cfg.method.name == "megatron_layerwise" else "adam (AdamW, DistributedOptimizer)",
                      "ddp": job["ddp"], "weight_decay_on": "every parameter", "lr": "constant per optimizer"},
         "shim": SHIM_TEXT if job["device"] == "cpu" else None,
+        "host_allocator": HOST_MEMORY_POLICY if job["device"] == "cpu" else None,
         "env": str(env_dir()), "python": str(python),
     }
     return PeerRun(rows=rows, meta=meta)

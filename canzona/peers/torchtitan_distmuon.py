@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.errors import ConfigError
+from canzona.host_memory import POLICY
 from canzona.peers import PEERS, PeerRun
 
 NAME = "torchtitan_distmuon"
@@ -187,6 +188,7 @@ def run(cfg: Any, out: Path) -> PeerRun:
     meta = {
         "peer": NAME, "follows": PEERS[NAME].follows, "versions": versions(), "settings": settings(cfg, dtype),
         "shim": SHIM_TEXT if kind == "cpu" else None, "env": sys.executable,
+        "host_allocator": POLICY if kind == "cpu" else None,
         "backend": info["backend"], "device": kind, "device_name": info["device_name"],
         "peak_memory_mb": info["peak_memory_mb"], "torch_threads": threads,
         "owners": info["owners"],
@@ -325,6 +327,7 @@ def run_rank(cfg: Any, work: Path, kind: str, dtype: str, threads: int) -> None:
 
     from canzona import dist_rules
     from canzona.executor.timing import StepTimer
+    from canzona.host_memory import retain_freed_memory
     from canzona.model.parallel import destroy_parallel, init_parallel
     from canzona.records import atomic_torch_save
     from canzona.trial.rank import step_batches
@@ -332,6 +335,8 @@ def run_rank(cfg: Any, work: Path, kind: str, dtype: str, threads: int) -> None:
 
     dist_rules.install_from_env()
     torch.set_num_threads(threads)
+    if kind == "cpu":  # as the harness's CPU ranks run (`canzona.host_memory`)
+        retain_freed_memory()
     ctx = init_parallel(1, kind, cfg.dist.timeout_s)
     shim = cpu_shim() if kind == "cpu" else contextlib.nullcontext()
     try:

@@ -36,6 +36,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
     from canzona import dist_rules
     from canzona.calibrate.probe import speed_probe
     from canzona.executor.runtime import Runtime
+    from canzona.host_memory import retain_freed_memory
     from canzona.model.parallel import destroy_parallel, init_parallel
     from canzona.model.qwen3 import build_model, full_state_dict
     from canzona.program.count import count_programs
@@ -48,6 +49,8 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
     dist_rules.install_from_env()
     torch.set_num_threads(threads_per_rank(cfg, local_world))
     kind = trial_device(cfg, required=True)
+    # a CPU rank keeps what it frees, as a GPU rank's caching allocator does (`canzona.host_memory`)
+    allocator = retain_freed_memory() if kind == "cpu" else None
     ctx = init_parallel(cfg.parallel.tp, kind, cfg.dist.timeout_s, ep=cfg.parallel.ep, etp=cfg.expert_tp)
     try:
         if plan is None:  # rank 0's plan (its calibration, its costs) on every rank
@@ -76,6 +79,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
         summary = summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, owners, local_world)
         if ctx.device.type == "cpu":  # the machine's speed now, against the calibration's (validate)
             summary["speed_probe_flops_per_s"] = speed_probe()
+            summary["host_allocator"] = allocator
         summary["program_check"] = check = program_check(programs, all_rows)
         write_records(out, cfg.to_dict(), all_rows, summary, trace=chrome_trace(all_rows))
         if not check["ok"]:  # the timings are not those of the method's program: fail the trial

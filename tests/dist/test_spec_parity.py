@@ -25,6 +25,7 @@ TRAIN = ["model=mlm-moe-gpt", "model.width_div=4", "model.num_layers=2", "model.
 def test_gpt_moe_spec_with_dense_layer_and_shared_expert_trains_as_single_process(tmp_path) -> None:
     from full_tensors import init_full_state_dict
 
+    from canzona import host_memory
     from canzona.config import load_config
     from canzona.inventory import build_inventory
     from canzona.run import run_trial
@@ -50,3 +51,4 @@ def test_gpt_moe_spec_with_dense_layer_and_shared_expert_trains_as_single_proces
     s = summaries["dp2tp2ep2"]
     assert s["program_check"]["ok"] and s["matrix_owner_counts"] == {"min": 1, "max": 1}
     assert s["speed_probe_flops_per_s"] > 1e8  # the machine's speed then, for validation (canzona.calibrate.probe)
+    assert s["host_allocator"] == host_memory.POLICY  # a CPU rank keeps what it frees (canzona.host_memory)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
+from canzona import host_memory
 from canzona.calibrate import (
     calibrate,
     calibration_shapes,
@@ -113,6 +114,7 @@ def test_quick_calibration_cli_with_gloo_collectives(quick_calibration) -> None:
     # what the idle process groups' threads use, a share of a core (none where gloo's loops sleep)
     assert 0.0 <= data["compute"]["idle_threads_cpu_per_s"] < 1.0
     assert data["calibration"]["collectives_source"] == "measured" and data["notes"] == []
+    assert data["calibration"]["host_allocator"] == host_memory.POLICY  # timed as a trial's CPU rank runs
     assert 0.0 <= data["compute"]["overlap"] <= 1.0
     # without the model timed (model=false, quick's default) the overlap is measured against matmuls
     assert data["calibration"]["overlap_measurement"]["against"] == "matmul"
