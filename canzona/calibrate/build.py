@@ -213,6 +213,8 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
 
         hardware["calibration"]["host_allocator"] = retain_freed_memory()
         hardware["calibration"]["speed_probe_flops_per_s"] = speed_probe()
+        if workers.get("speed_probe_all_cores"):  # the workers' probe, all of them at once (`per_core`)
+            hardware["calibration"]["speed_probe_all_cores_flops_per_s"] = workers["speed_probe_all_cores"]
     hardware["calibration"]["seconds"] = round(time.perf_counter() - started, 1)
     return hardware
 

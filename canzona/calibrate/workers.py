@@ -19,6 +19,7 @@ from canzona.calibrate.clock import Clock
 from canzona.calibrate.comm import CALL_CPU, idle_threads_cpu, time_call_cpu, time_collectives, time_overlap
 from canzona.calibrate.compute import measure_compute
 from canzona.calibrate.model_pass import backward_work, time_model
+from canzona.calibrate.probe import per_core, throughput_probe
 from canzona.calibrate.settings import Options
 from canzona.host_memory import retain_freed_memory
 from canzona.net import free_port
@@ -39,6 +40,15 @@ def worker(rank: int, world: int, port: int, opts: Options, device_kind: str, ou
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)})
     ctx = init_parallel(1, device_kind, TIMEOUT_S)
     try:
+        def loaded_probe() -> float:
+            """A core's speed with every worker busy (`canzona.calibrate.probe.per_core`)."""
+            dist.barrier()
+            rates: list[Any] = [None] * world
+            dist.all_gather_object(rates, throughput_probe())
+            return per_core(rates, os.cpu_count() or 1)
+
+        probes = [loaded_probe()] if device_kind == "cpu" else []
+
         def agree(go: bool) -> bool:
             """Every process takes the same go / skip decision (the most cautious one)."""
             flag = torch.tensor([1 if go else 0], device=ctx.device)
@@ -60,6 +70,9 @@ def worker(rank: int, world: int, port: int, opts: Options, device_kind: str, ou
             del work
         if opts.model:
             result["model"] = time_model(rank, world, clock)
+        if probes:  # at the start and at the end of the workers' measurements, the mean
+            probes.append(loaded_probe())
+            result["speed_probe_all_cores"] = sum(probes) / len(probes)
         if rank == 0:
             Path(out).write_text(json.dumps(result))
     finally:

@@ -19,7 +19,8 @@ every method, so this factor measures the machine, not the method). The raw erro
 to trust an absolute projection; the adjusted one how far to trust the simulator's structure
 (balance, communication, overlap), which is what carries over to other hardware.
 
-Each run's *speed-adjusted* prediction scales it by its own speed probe (`canzona.calibrate.probe`);
+Each run's *speed-adjusted* prediction scales it by its own speed probe (`canzona.calibrate.probe`;
+`speed_factor`: every core busy at once where the calibration and the run both recorded that);
 the sweep's one *speed factor* (`sweep_speed_factor`: the median of its runs' probe ratios)
 scales every prediction alike -- the calibration brought to the machine's speed while the
 sweep ran, which no run's noise decides. What is left at the sweep's speed is the simulator's
@@ -138,9 +139,7 @@ def compare(trial_dir: str | Path, hardware: Any, projections: dict[str, Any] | 
         row[f"{m}_adjusted"] = adj
         row[f"{m}_adjusted_error_pct"] = _error(adj, row[f"{m}_measured"])
     # the machine's drift since the calibration (`canzona.calibrate.probe`): what of the error it explains
-    calib_probe = (hw.raw.get("calibration") or {}).get("speed_probe_flops_per_s")
-    trial_probe = summary.get("speed_probe_flops_per_s")
-    row["speed_factor"] = calib_probe / trial_probe if calib_probe and trial_probe else None
+    row["speed_probe"], row["speed_factor"] = speed_factor(hw.raw.get("calibration") or {}, summary)
     for m in HEADLINE:
         adj = row[f"{m}_predicted"] * row["speed_factor"] if row["speed_factor"] else None
         row[f"{m}_speed_adjusted"] = adj
@@ -182,6 +181,20 @@ def trial_dirs(sweep_dir: str | Path) -> list[Path]:
 
 
 GOAL = {"median_abs_error_pct": 10.0, "worst_abs_error_pct": 25.0}  # per method, step and iteration, per trial
+
+
+# the probes a calibration and a trial may both record, the loaded machine's first
+SPEED_PROBES = ("speed_probe_all_cores_flops_per_s", "speed_probe_flops_per_s")
+
+
+def speed_factor(calibration: dict[str, Any], summary: dict[str, Any]) -> tuple[str | None, float | None]:
+    """(which probe, calibration's ÷ trial's) for the first of `SPEED_PROBES` both recorded: every
+    core busy (`canzona.calibrate.probe.throughput_probe`) where both have it, else one thread's
+    rate with the other cores idle (files and records from before the loaded probe)."""
+    for key in SPEED_PROBES:
+        if calibration.get(key) and summary.get(key):
+            return key, calibration[key] / summary[key]
+    return None, None
 
 
 def sweep_speed_factor(rows: list[dict[str, Any]]) -> float | None:

@@ -9,6 +9,7 @@ that it runs the code a GPU rank runs.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -34,7 +35,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
     import torch.distributed as dist
 
     from canzona import dist_rules
-    from canzona.calibrate.probe import speed_probe
+    from canzona.calibrate.probe import per_core, speed_probe, throughput_probe
     from canzona.executor.runtime import Runtime
     from canzona.host_memory import retain_freed_memory
     from canzona.model.parallel import destroy_parallel, init_parallel
@@ -64,13 +65,18 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
         runtime = Runtime(model, plan, programs[ctx.rank], cfg.optimizer, ctx)
         rows = train_steps(cfg, runtime, ctx, float(metrics.compute[ctx.dp_rank, ctx.tp_rank]))
         peak_mb = peak_memory_mb(ctx.device)
+        loaded_probe = None  # every rank's matmul rate at once: the machine's speed under this trial's load
+        if ctx.device.type == "cpu":
+            dist.barrier()
+            loaded_probe = throughput_probe()
         if cfg.save_params:
             full = full_state_dict(model)
             if ctx.rank == 0:
                 atomic_torch_save(full, Path(cfg.save_params))
         gathered: list[Any] = [None] * ctx.world
         space = runtime.space  # an MoE rank's indices number its own experts: report names
-        report = {"rows": rows, "peak_mb": peak_mb, "computed": [space.params[i].name for i in sorted(runtime.computed)]}
+        report = {"rows": rows, "peak_mb": peak_mb, "computed": [space.params[i].name for i in sorted(runtime.computed)],
+                  "probe": loaded_probe}
         dist.all_gather_object(gathered, report)  # over the gloo half of the groups
         if ctx.rank != 0:
             return None
@@ -79,6 +85,9 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
         summary = summarise(cfg, plan, metrics, all_rows, [g["peak_mb"] for g in gathered], ctx, owners, local_world)
         if ctx.device.type == "cpu":  # the machine's speed now, against the calibration's (validate)
             summary["speed_probe_flops_per_s"] = speed_probe()
+            if local_world == ctx.world:  # every rank on this host: a core's speed with all of them busy
+                summary["speed_probe_all_cores_flops_per_s"] = per_core([g["probe"] for g in gathered],
+                                                                        os.cpu_count() or 1)
             summary["host_allocator"] = allocator
         summary["program_check"] = check = program_check(programs, all_rows)
         write_records(out, cfg.to_dict(), all_rows, summary, trace=chrome_trace(all_rows))

@@ -52,3 +52,4 @@ def test_gpt_moe_spec_with_dense_layer_and_shared_expert_trains_as_single_proces
     assert s["program_check"]["ok"] and s["matrix_owner_counts"] == {"min": 1, "max": 1}
     assert s["speed_probe_flops_per_s"] > 1e8  # the machine's speed then, for validation (canzona.calibrate.probe)
     assert s["host_allocator"] == host_memory.POLICY  # a CPU rank keeps what it frees (canzona.host_memory)
+    assert s["speed_probe_all_cores_flops_per_s"] > 1e8  # every rank's matmul rate at once, per core

@@ -115,6 +115,7 @@ def test_quick_calibration_cli_with_gloo_collectives(quick_calibration) -> None:
     assert 0.0 <= data["compute"]["idle_threads_cpu_per_s"] < 1.0
     assert data["calibration"]["collectives_source"] == "measured" and data["notes"] == []
     assert data["calibration"]["host_allocator"] == host_memory.POLICY  # timed as a trial's CPU rank runs
+    assert data["calibration"]["speed_probe_all_cores_flops_per_s"] > 1e8  # the workers' probe, all at once
     assert 0.0 <= data["compute"]["overlap"] <= 1.0
     # without the model timed (model=false, quick's default) the overlap is measured against matmuls
     assert data["calibration"]["overlap_measurement"]["against"] == "matmul"

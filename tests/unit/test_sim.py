@@ -487,6 +487,38 @@ def test_the_sweep_speed_scales_every_prediction_by_one_factor(tmp_path: Path) -
     assert methods["sync"]["iteration_ms_sweep_speed_worst_abs_error_pct"] == pytest.approx(100 / 12)
 
 
+def test_the_loaded_probe_decides_where_both_recorded_it(tmp_path: Path) -> None:
+    """A calibration and a run that both recorded the every-core-busy probe are compared by it;
+    the one-thread probe only where either lacks it (files and records from before it)."""
+    from canzona.sim.validate import speed_factor
+
+    cal = {"speed_probe_flops_per_s": 100e9, "speed_probe_all_cores_flops_per_s": 60e9}
+    assert speed_factor(cal, {"speed_probe_flops_per_s": 100e9, "speed_probe_all_cores_flops_per_s": 40e9}) == (
+        "speed_probe_all_cores_flops_per_s", pytest.approx(1.5))
+    assert speed_factor(cal, {"speed_probe_flops_per_s": 80e9}) == ("speed_probe_flops_per_s", pytest.approx(1.25))
+    assert speed_factor({"speed_probe_flops_per_s": 100e9}, {"speed_probe_all_cores_flops_per_s": 40e9}) == (None, None)
+    hw = toy_hardware(calibration=cal)
+    d = _fake_trial(tmp_path, "a1", TINY + ["parallel.dp=2", "method=canzona"], 1.5)
+    _with_probe(d, "a", 100e9)  # the one-thread probe saw no drift; the loaded one saw 1.5x
+    summary = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**summary, "speed_probe_all_cores_flops_per_s": 40e9}))
+    pt = compare_sweep(tmp_path, hw)["per_trial"]
+    assert pt["sweep_speed_factor"] == pytest.approx(1.5)
+    assert pt["trials"][0]["optimizer_step_ms_sweep_speed_error_pct"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_loaded_probe_per_core() -> None:
+    """Four ranks on two cores each get about half a core: their sum over the two cores they
+    share is one core's rate; two processes on four cores occupy two."""
+    from canzona.calibrate.probe import per_core, throughput_probe
+
+    assert per_core([25e9, 25e9, 24e9, 26e9], 2) == pytest.approx(50e9)
+    assert per_core([50e9, 48e9], 4) == pytest.approx(49e9)
+    with pytest.raises(ValueError, match="at least one rate"):
+        per_core([], 2)
+    assert throughput_probe(0.02) > 1e8  # a real matmul loop, flops per wall second
+
+
 def test_no_probe_no_sweep_speed(tmp_path: Path) -> None:
     _fake_trial(tmp_path, "t1", TINY + ["parallel.dp=2", "method=canzona"], 1.0)
     pt = compare_sweep(tmp_path, toy_hardware())["per_trial"]
