@@ -11,8 +11,13 @@ Each number of the result is one of the measured values (the lower median), neve
 A fitted block -- a model pass's ``fixed_s`` / ``layer_s`` / ``flops_per_s``, a link's latency
 and bandwidth -- is kept whole, from the calibration whose block prices a reference case at the
 median (its coefficients trade off against each other between fits: mixing them would price
-what no calibration measured). Strings, flags and lists of another length are the first
-calibration's.
+what no calibration measured). A link holds two fits and single readings: its latency and
+bandwidth (with the per-step latency derived from them), its per-call CPU intercept and slope
+(`LINK_FITS`), each picked whole by its own reference case, and readings such as the
+one-element all-reduce's time, each its own median. Taking those readings along with the
+latency's pick had priced a 2026-12-07 run's every gradient-norm all-reduce at one calibration's
+1.6 ms where the other two read 0.56 and 0.64. Strings, flags and lists of another length are
+the first calibration's.
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ from typing import Any
 
 PASS_KEYS = frozenset({"fixed_s", "layer_s", "flops_per_s"})
 LINK_KEYS = frozenset({"latency_s", "bandwidth_Bps"})
+# a link block's fits: (the keys picked together, the reference cost that picks them)
+LINK_FITS: tuple[tuple[tuple[str, ...], Any], ...] = (
+    (("latency_s", "bandwidth_Bps", "step_latency_s"), lambda b: b["latency_s"] + REFERENCE_BYTES / b["bandwidth_Bps"]),
+    (("call_cpu_s", "call_cpu_s_per_byte"), lambda b: b["call_cpu_s"] + REFERENCE_BYTES * b["call_cpu_s_per_byte"]),
+)
 REFERENCE_LAYERS, REFERENCE_FLOPS, REFERENCE_BYTES = 4, 2e8, 1e6  # about the local sweep's model pass and bucket
 
 
@@ -46,6 +56,8 @@ def median_of(items: list[Any]) -> Any:
     first = items[0]
     if isinstance(first, dict):
         if all(isinstance(x, dict) for x in items):
+            if all(LINK_KEYS <= x.keys() for x in items):
+                return _link_median(items)
             costs = [_block_cost(x) for x in items]
             if all(c is not None for c in costs):
                 pick = _lower_median(list(zip(costs, range(len(items)))))[1]
@@ -60,6 +72,17 @@ def median_of(items: list[Any]) -> Any:
     if _is_number(first) and all(_is_number(x) for x in items):
         return _lower_median(list(items))
     return first
+
+
+def _link_median(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A link block: each of `LINK_FITS` whole from the calibration whose fit prices its
+    reference case at the median, every other number its own median."""
+    out = {k: median_of([x[k] for x in items]) if all(k in x for x in items) else v for k, v in items[0].items()}
+    for keys, cost in LINK_FITS:
+        if all(all(k in x for k in keys) for x in items):
+            pick = _lower_median([(cost(x), i) for i, x in enumerate(items)])[1]
+            out.update({k: items[pick][k] for k in keys})
+    return out
 
 
 SPREAD = {  # what `spread` reports: a label and the path to the number

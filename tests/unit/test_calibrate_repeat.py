@@ -44,6 +44,23 @@ def test_a_fitted_block_is_kept_whole_from_the_median_calibration() -> None:
     assert out["model"]["forward"] == runs[2]["model"]["forward"]
 
 
+def test_a_links_single_readings_are_their_own_medians() -> None:
+    """Beside the latency fit, a link holds the per-call CPU fit (picked whole by its own
+    reference case) and single readings (the one-element all-reduce), each its own median: one
+    calibration's odd 1.6 ms one-element reading must not ride along with its latency fit."""
+    runs = [_cal(1e-9, 6e-4, 1e9, 5e-3, 1e11, 1e-3) for _ in range(3)]
+    for run, (one, cpu, slope, lat) in zip(runs, ((5.55e-4, 9e-4, 5e-10, 9e-4), (6.35e-4, 7e-4, 9e-10, 6e-4),
+                                                  (1.605e-3, 8e-4, 1e-9, 7e-4))):
+        run["collectives"]["intra"]["all_reduce"].update(
+            latency_s=lat, step_latency_s=lat, one_element_s=one, call_cpu_s=cpu, call_cpu_s_per_byte=slope)
+    link = median_of(runs)["collectives"]["intra"]["all_reduce"]
+    # latency at 1 MB: 1.9, 1.6, 1.7 ms -> the third calibration's latency fit, whole
+    assert (link["latency_s"], link["step_latency_s"], link["bandwidth_Bps"]) == (7e-4, 7e-4, 1e9)
+    assert link["one_element_s"] == 6.35e-4  # not the third's 1.605 ms
+    # per-call CPU at 1 MB: 1.4, 1.6, 1.8 ms -> the second calibration's fit, whole
+    assert (link["call_cpu_s"], link["call_cpu_s_per_byte"]) == (7e-4, 9e-10)
+
+
 def test_the_spread_reports_each_headline_numbers_range() -> None:
     runs = [_cal(0.67e-9, 6e-4, 1e9, 5e-3, 1e11, 0.4e-3), _cal(1.05e-9, 13e-4, 1e9, 5e-3, 1e11, 1.66e-3)]
     s = spread(runs)
