@@ -39,11 +39,10 @@ def _lower_median(values: list[Any]) -> Any:
 
 
 def _block_cost(block: dict[str, Any]) -> float | None:
-    """The reference case a fitted block prices (seconds), or None if it is not a fitted block."""
+    """The reference case a model pass's fitted block prices (seconds), or None if it is not one
+    (a link's fits are `LINK_FITS`, picked by `_link_median`)."""
     if PASS_KEYS <= block.keys():
         return block["fixed_s"] + REFERENCE_LAYERS * block["layer_s"] + REFERENCE_FLOPS / block["flops_per_s"]
-    if LINK_KEYS <= block.keys():
-        return block["latency_s"] + REFERENCE_BYTES / block["bandwidth_Bps"]
     return None
 
 
