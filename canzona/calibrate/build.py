@@ -20,6 +20,7 @@ from canzona.calibrate.settings import Options
 from canzona.calibrate.workers import run_workers
 from canzona.devices import resolve_device
 from canzona.hardware import COLLECTIVES, SPECS, Link, spec_hardware
+from canzona.host_memory import retain_freed_memory
 
 # Links written when collectives are neither measured nor taken from a spec (collectives=false on CPU).
 PLACEHOLDER_LINK = {"latency_s": 1e-4, "step_latency_s": 1e-4, "bandwidth_Bps": 1e9}
@@ -102,6 +103,8 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
 
     kind = resolve_device(opts.device, required=True, key="device")  # the device timed must be here
     gpus = torch.cuda.device_count() if kind == "cuda" else 0  # read on CUDA only
+    # before anything is timed here (compute without workers, the speed probe): as a trial's CPU rank runs
+    allocator = retain_freed_memory() if kind == "cpu" else None
     world = processes(opts, kind, gpus)
     backend = "nccl" if kind == "cuda" else "gloo"
     log(f"calibrating {kind}{f' ({gpus} GPU(s) visible)' if kind == 'cuda' else ''} with {opts.threads} "
@@ -209,9 +212,8 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
     }
     if kind == "cpu":  # this machine's speed at calibration time (`canzona.calibrate.probe`)
         from canzona.calibrate.probe import speed_probe
-        from canzona.host_memory import retain_freed_memory
 
-        hardware["calibration"]["host_allocator"] = retain_freed_memory()
+        hardware["calibration"]["host_allocator"] = allocator
         hardware["calibration"]["speed_probe_flops_per_s"] = speed_probe()
         if workers.get("speed_probe_all_cores"):  # the workers' probe, all of them at once (`per_core`)
             hardware["calibration"]["speed_probe_all_cores_flops_per_s"] = workers["speed_probe_all_cores"]
