@@ -79,14 +79,23 @@ def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any
     (`canzona.calibrate.repeat`), with the spread of a few headline numbers recorded."""
     if opts.repeats <= 1:
         return _calibrate_once(opts, log)
-    from canzona.calibrate.repeat import median_of, spread
-
     runs = []
     for k in range(opts.repeats):
         log(f"calibration {k + 1} of {opts.repeats}:")
         runs.append(_calibrate_once(opts, log))
+    return merge_calibrations(runs, log)
+
+
+def merge_calibrations(runs: list[dict[str, Any]], log: Callable[[str], Any] = print) -> dict[str, Any]:
+    """Several calibrations of this machine as one: number by number their median
+    (`canzona.calibrate.repeat`), ``calibration.repeats`` their count and ``spread`` how far a
+    few headline numbers moved between them."""
+    from canzona.calibrate.repeat import median_of, spread
+
+    if len(runs) == 1:
+        return runs[0]
     out = median_of(runs)
-    out["calibration"] = {**out["calibration"], "repeats": opts.repeats, "spread": spread(runs)}
+    out["calibration"] = {**out["calibration"], "repeats": len(runs), "spread": spread(runs)}
     log("  median of the calibrations; their spread: " + ", ".join(
         f"{k} {lo:g}-{hi:g}" for k, (lo, hi) in out["calibration"]["spread"].items()))
     return out

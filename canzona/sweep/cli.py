@@ -12,7 +12,7 @@ import sys
 import traceback
 from dataclasses import asdict
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import yaml
 
@@ -40,6 +40,9 @@ from canzona.sweep.project import stale_trials
 from canzona.sweep.sbatch import write_sbatch_files
 from canzona.sweep.sweepfile import CONFIGS_DIR, available_sweeps, load_sweep_file
 from canzona.sweep.trials import ExpandedSweep, TrialRun
+
+if TYPE_CHECKING:
+    from canzona.calibrate.machine import SweepCalibration
 
 
 def main(argv: list[str] | None = None, stream: TextIO | None = None, configs_dir: Path = CONFIGS_DIR) -> int:
@@ -157,7 +160,8 @@ def run_sweep(sweep: ExpandedSweep, out: TextIO) -> int:
     out.flush()
 
     backend = make_backend(sweep, log_root(rd, invocation), sim_hw)
-    code = run_loop(sweep, backend, to_run, skipped, out)
+    calibration = _sweep_calibration(sweep, runs, to_run)
+    code = run_loop(sweep, backend, to_run, skipped, out, between=None if calibration is None else calibration.between)
     if code == 130:
         return code
     final = {r.id: bk.trial_state(rd / r.id) for r in runs}
@@ -174,7 +178,8 @@ def run_sweep(sweep: ExpandedSweep, out: TextIO) -> int:
         return 1 if failed else 0
     print(summary_table(rd, runs), file=out)
     out.flush()
-    report_code = build_report(rd, out, hardware=None if sim_hw is not None else _report_hardware(sweep, runs, out))
+    report_code = build_report(rd, out, hardware=None if sim_hw is not None else _report_hardware(sweep, runs, out,
+                                                                                                     calibration))
     return max(1 if failed else 0, report_code)
 
 
@@ -246,19 +251,44 @@ def list_runs(
 
 
 # --------------------------------------------------------------------------- report
-def _report_hardware(sweep: ExpandedSweep, runs: list[TrialRun], out: TextIO) -> str | None:
+def _calibrates(sweep: ExpandedSweep) -> bool:
+    """Does this sweep's report predict with this machine's own calibration? Trials run here
+    (cluster=local) with ``sim.calibrate`` and no hardware given (``sim.hardware``, hardware/local.yaml)."""
+    s = sweep.settings
+    return sweep.sim_hardware is None and s.cluster == "local" and s.sim.calibrate
+
+
+def _threads_per_rank(runs: list[TrialRun]) -> int:
+    threads = {r.trial.cfg.dist.threads_per_rank for r in runs}
+    return next(iter(threads)) if len(threads) == 1 and isinstance(next(iter(threads)), int) else 1
+
+
+def _sweep_calibration(sweep: ExpandedSweep, runs: list[TrialRun], to_run: list[TrialRun]) -> SweepCalibration | None:
+    """This machine's calibration taken in slices between the runs (`SweepCalibration`), where
+    the report calibrates and there are runs to spread it over; None otherwise."""
+    if not to_run or not _calibrates(sweep):
+        return None
+    from canzona.calibrate.machine import SweepCalibration
+
+    sim = sweep.settings.sim
+    return SweepCalibration(_threads_per_rank(runs), len(to_run), sim.calibrate_slices, sim.calibrate_quick)
+
+
+def _report_hardware(sweep: ExpandedSweep, runs: list[TrialRun], out: TextIO,
+                     calibration: SweepCalibration | None = None) -> str | None:
     """The hardware file a measured sweep's report predicts its trials with: ``sim.hardware``, else
     hardware/local.yaml, else -- trials run on this machine (cluster=local) with
-    ``sim.calibrate`` -- this machine's own calibration (`canzona.calibrate.machine`), made once."""
-    s = sweep.settings
-    if sweep.sim_hardware is not None or s.cluster != "local" or not s.sim.calibrate:  # given, or local.yaml
+    ``sim.calibrate`` -- this machine's own calibration (`canzona.calibrate.machine`), made once:
+    the median of the slices `calibration` took between the runs, or in a row now."""
+    if not _calibrates(sweep):  # given, or local.yaml
         return sweep.sim_hardware
-    threads = {r.trial.cfg.dist.threads_per_rank for r in runs}
-    threads_per_rank = next(iter(threads)) if len(threads) == 1 and isinstance(next(iter(threads)), int) else 1
     try:
         from canzona.calibrate.machine import machine_hardware
 
-        return str(machine_hardware(threads_per_rank, log=lambda line: print(line, file=out, flush=True)))
+        log = lambda line: print(line, file=out, flush=True)  # noqa: E731
+        if calibration is not None:
+            return str(calibration.finish(log))
+        return str(machine_hardware(_threads_per_rank(runs), log, sweep.settings.sim.calibrate_quick))
     except Exception as e:  # noqa: BLE001 - a failed calibration must not lose the report
         print(f"[sweep] calibrating this machine failed ({type(e).__name__}: {e}); the report's predicted-vs-"
               f"measured section says how to make a hardware file", file=out)

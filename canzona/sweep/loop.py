@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
@@ -29,9 +29,11 @@ from canzona.sweep.trials import ExpandedSweep, TrialRun
 INTERRUPTED = "interrupted (sweep stopped by the user)"
 
 
-def run_loop(sweep: ExpandedSweep, backend: Backend, to_run: list[TrialRun], skipped: int, out: TextIO) -> int:
+def run_loop(sweep: ExpandedSweep, backend: Backend, to_run: list[TrialRun], skipped: int, out: TextIO,
+             between: Callable[[int, Callable[[str], None]], None] | None = None) -> int:
     """Run `to_run` on `backend` into the sweep folder; 0 (failures are recorded per run), or
-    130 if interrupted."""
+    130 if interrupted. ``between(launched, log)`` is called whenever no run is in flight and
+    another is about to be launched (the machine's calibration slices: `SweepCalibration`)."""
     rd = sweep.results_dir.resolve()
     b = backend
     if not to_run:
@@ -50,6 +52,8 @@ def run_loop(sweep: ExpandedSweep, backend: Backend, to_run: list[TrialRun], ski
         while queue or running:
             free = b.capacity - len(running)
             if queue and free > 0:
+                if between is not None and not running:
+                    between(len(to_run) - len(queue), progress.event)
                 batch, queue = queue[:free], queue[free:]
                 with held_interrupts():  # what the backend took is recorded running, all of it
                     for r in batch:

@@ -64,8 +64,13 @@ class SimSettings:
                                          "measured sweep predicts with (default hardware/local.yaml if present)")
     workers: int = setting(0, "processes projecting trials at once; 0: one per core")
     calibrate: bool = setting(True, "cluster=local with no sim.hardware and no hardware/local.yaml: calibrate this "
-                                    "machine once (about a minute; reused after, per host, CPU and torch) so the "
-                                    "report predicts the measured trials (canzona.calibrate.machine)")
+                                    "machine once (in slices between the runs, sim.calibrate_slices; reused after, "
+                                    "per host, CPU and torch) so the report predicts the measured trials "
+                                    "(canzona.calibrate.machine)")
+    calibrate_slices: int = setting(5, "sim.calibrate: the calibration in this many slices spread between the "
+                                       "sweep's runs (about 1.5 min each on 2 cores), their median kept "
+                                       "(1: once, after the runs)")
+    calibrate_quick: bool = setting(False, "sim.calibrate: quick calibration slices (half the time, rougher)")
 
 
 @dataclass
@@ -124,6 +129,8 @@ def build_settings(
         raise ConfigError(f"repeats={obj.repeats} is not allowed; it must be >= 1 (runs of every trial)")
     if obj.sim.workers < 0:
         raise ConfigError("sim.workers must be >= 0 (0: one per core)")
+    if obj.sim.calibrate_slices < 1:
+        raise ConfigError(f"sim.calibrate_slices={obj.sim.calibrate_slices} is not allowed; it must be >= 1")
     if obj.local.max_ranks < 1 or obj.local.parallel < 1:
         raise ConfigError("local.max_ranks and local.parallel must be >= 1")
     if obj.slurm.gpus_per_node < 0 or obj.slurm.cpus_per_task < 1:

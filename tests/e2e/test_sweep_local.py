@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "sweeps" / "run.py"
@@ -253,6 +254,35 @@ def test_repeats_run_interleaved_and_resume_per_repetition(tmp_path):
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_sweep_calibrates_in_slices_between_its_runs(tmp_path):
+    """With no calibration of this machine (a cache folder of its own), the sweep takes it in
+    slices while no run is in flight -- one before the first run, one after the last (two quick
+    slices here) -- and its report predicts the trials with their median."""
+    from canzona.calibrate.cache import ENV
+
+    (tmp_path / "pair.yaml").write_text(textwrap.dedent(PAIR))
+    cache = tmp_path / "cache"
+    r = subprocess.run(
+        [sys.executable, str(RUN), f"sweep={tmp_path / 'pair.yaml'}", f"results={tmp_path / 'results'}",
+         "sim.calibrate_slices=2", "sim.calibrate_quick=true"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", **{ENV: str(cache)}),
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    first = next(i for i, x in enumerate(lines) if "slice 1 of 2 (before run 1 of 2" in x)
+    last = next(i for i, x in enumerate(lines) if "slice 2 of 2 (after the runs" in x)
+    finished = [i for i, x in enumerate(lines) if re.search(r"\[sweep\] \d/2 finished", x)]
+    assert len(finished) == 2 and first < finished[0] and finished[-1] < last, r.stdout
+    hardware = next(cache.glob("hardware/*.yaml"))
+    calibration = yaml.safe_load(hardware.read_text())["calibration"]
+    assert calibration["repeats"] == 2 and calibration["slices"] == {"before_run": [0, 2], "of_runs": 2}
+    assert calibration["quick"] is True and "spread" in calibration
+    html = (tmp_path / "results" / "pair" / "report" / "index.html").read_text()
+    assert 'id="predicted-errors"' in html and str(hardware) in html
 
 
 @pytest.mark.slow
