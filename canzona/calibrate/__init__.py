@@ -25,8 +25,8 @@ torch threads per process (default 1, as the local sweep's ranks):
 
 On a GPU every time is CUDA-event time on the stream (see `canzona.calibrate.clock`).
 
-Keys: ``out=PATH`` (required), ``name=`` (default: the file stem), ``quick=true`` (~10 s on a
-CPU, about a minute on a GPU), ``budget_s=`` (optimizer timing budget, default 30; quick 3),
+Keys: ``out=PATH`` (required), ``name=`` (default: the file stem), ``quick=true`` (under a
+minute on a 2-core CPU, about a minute on a GPU), ``budget_s=`` (optimizer timing budget, default 30; quick 3),
 ``threads=1``, ``width_divs=8,16,32``, ``optimizers=muon,shampoo,soap``, ``collectives=true``,
 ``model=`` (default: not quick), ``precondition_frequency=10``, ``device=auto|cpu|cuda``,
 ``spec=auto|none|h100|h200|a100``, ``repeats=1`` (calibrate that many times in a row, keep the

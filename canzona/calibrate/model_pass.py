@@ -35,8 +35,13 @@ def pass_dtype(device_kind: str) -> str:
 
 def time_model(rank: int, world: int, clock: Clock) -> list[dict[str, Any]]:
     """Forward / backward seconds at each point in `pass_dtype`, every process at once
-    (Megatron's groups must be up, tp=1: `canzona.model.parallel.init_parallel`)."""
+    (Megatron's groups must be up, tp=1: `canzona.model.parallel.init_parallel`).
+
+    The processes are lined up before every step, as a data-parallel trial's ranks are by their
+    gradient collectives: left to drift, the process that finished its points first would leave
+    the other to time its last ones alone on the machine."""
     import torch
+    import torch.distributed as dist
 
     from canzona.model.data import synthetic_batch
     from canzona.model.qwen3 import build_model
@@ -52,6 +57,8 @@ def time_model(rank: int, world: int, clock: Clock) -> list[dict[str, Any]]:
         for step in range(7):
             tokens, labels = synthetic_batch(mcfg, mb, seq, 0, step, rank, world)
             tokens, labels = tokens.to(clock.device), labels.to(clock.device)
+            if world > 1 and dist.is_initialized():
+                dist.barrier()
             t_f, loss = clock.call(model, tokens, labels)
             t_b, _ = clock.call(loss.backward)
             model.zero_grad(set_to_none=True)

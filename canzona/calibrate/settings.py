@@ -24,7 +24,7 @@ class Settings:
 
     out: str | None = setting(None, "the hardware file to write (required), e.g. hardware/NAME.yaml")
     name: str | None = setting(None, "the hardware's name; null: the file stem")
-    quick: bool = setting(False, "a quick calibration (~10 s on a CPU, a minute on a GPU): smaller budget, "
+    quick: bool = setting(False, "a quick calibration (under a minute on a 2-core CPU, a minute on a GPU): smaller budget, "
                                  "the model pass estimated from the matmul rate")
     budget_s: float | None = setting(None, "optimizer timing budget, seconds; null: 30 (quick: 3)")
     threads: int = setting(1, "torch threads per process (the local sweep's ranks use 1)")
