@@ -28,8 +28,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     copy of a shared fixture for the tests it was dealt: the users of `quick_calibration` (the
     two-trial sweep's among them) go to one worker, and the tests sharing a module-scoped
     fixture's instance (the module and the fixture's parameter) to one worker, each in one xdist
-    group. The Slurm tests' group: tests/e2e/conftest.py."""
+    group. The Slurm tests' group: tests/e2e/conftest.py.
+
+    The CI step ``pytest -m "paper or peers" -n 2 --dist loadgroup`` (.ci/run) runs in two
+    groups: the paper profile's dry run of every trial (the longest test by far, its ranks on
+    every core) on one worker, every other paper and peers test on the other, beside it."""
     for it in items:
+        if it.get_closest_marker("paper") or it.get_closest_marker("peers"):
+            long_pole = it.name == "test_every_paper_trial_passes_the_dry_run"
+            it.add_marker(pytest.mark.xdist_group("paper-dry-run" if long_pole else "paper-and-peers"))
+            continue
         if it.get_closest_marker("xdist_group"):
             continue
         if "quick_calibration" in getattr(it, "fixturenames", ()):
