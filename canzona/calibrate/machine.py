@@ -21,6 +21,8 @@ next, and two calibrations ten minutes apart about 30 %: docs/results.md).
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,7 @@ class SweepCalibration:
         self.threads, self.runs, self.slices, self.quick = threads, runs, slices, quick
         self.due = slice_schedule(runs, slices)
         self.taken: list[tuple[int, dict[str, Any]]] = []  # (runs launched before it, its calibration)
+        self.seconds: list[float] = []  # how long each slice taken took
         self.failed = False
         self.wanted = not _usable(self.path)
 
@@ -105,6 +108,14 @@ class SweepCalibration:
         while self.wanted and not self.failed and self.due and self.due[0] <= started:
             self.due.pop(0)
             self._take(started, log)
+
+    def remaining_s(self) -> float:
+        """Seconds of the slices still to take, at the median of those taken (measured, never
+        guessed: 0 before the first has been taken, or when none is wanted): the sweep's ETA
+        adds them to its runs'."""
+        if not self.wanted or self.failed or not self.seconds:
+            return 0.0
+        return max(0, self.slices - len(self.taken)) * statistics.median(self.seconds)
 
     def finish(self, log: Callable[[str], Any] = print) -> Path:
         """The path of this machine's hardware file: the slices' median, the last slice taken now."""
@@ -142,7 +153,10 @@ class SweepCalibration:
         try:
             with FileLock(str(self.path) + ".lock", timeout=LOCK_TIMEOUT_S):
                 opts = parse_args(_arguments(self.path, self.threads, 1, self.quick))
+                t0 = time.monotonic()
                 self.taken.append((started, calibrate(opts, log=lambda line: None)))
+                self.seconds.append(time.monotonic() - t0)
+            log(f"[calibrate] slice {len(self.taken)} of {self.slices} took {self.seconds[-1]:.0f} s")
         except Exception as e:  # noqa: BLE001 - the sweep goes on; finish() calibrates in a row instead
             self.failed = True
             log(f"[calibrate] slice {len(self.taken) + 1} failed ({type(e).__name__}: {e}); calibrating after "

@@ -161,7 +161,8 @@ def run_sweep(sweep: ExpandedSweep, out: TextIO) -> int:
 
     backend = make_backend(sweep, log_root(rd, invocation), sim_hw)
     calibration = _sweep_calibration(sweep, runs, to_run)
-    code = run_loop(sweep, backend, to_run, skipped, out, between=None if calibration is None else calibration.between)
+    code = run_loop(sweep, backend, to_run, skipped, out, between=None if calibration is None else calibration.between,
+                    between_eta=None if calibration is None else calibration.remaining_s)
     if code == 130:
         return code
     final = {r.id: bk.trial_state(rd / r.id) for r in runs}

@@ -30,10 +30,12 @@ INTERRUPTED = "interrupted (sweep stopped by the user)"
 
 
 def run_loop(sweep: ExpandedSweep, backend: Backend, to_run: list[TrialRun], skipped: int, out: TextIO,
-             between: Callable[[int, Callable[[str], None]], None] | None = None) -> int:
+             between: Callable[[int, Callable[[str], None]], None] | None = None,
+             between_eta: Callable[[], float] | None = None) -> int:
     """Run `to_run` on `backend` into the sweep folder; 0 (failures are recorded per run), or
     130 if interrupted. ``between(launched, log)`` is called whenever no run is in flight and
-    another is about to be launched (the machine's calibration slices: `SweepCalibration`)."""
+    another is about to be launched (the machine's calibration slices: `SweepCalibration`);
+    ``between_eta()``: the seconds of that work still to come, added to the progress's ETA."""
     rd = sweep.results_dir.resolve()
     b = backend
     if not to_run:
@@ -43,7 +45,7 @@ def run_loop(sweep: ExpandedSweep, backend: Backend, to_run: list[TrialRun], ski
     clock = time.monotonic()
     b.open(len(to_run))
     progress = Progress(len(to_run), skipped=skipped, parallel=min(b.capacity, len(to_run)), stream=out,
-                        min_interval_s=b.redraw_s)
+                        min_interval_s=b.redraw_s, extra=between_eta)
     base = {"cluster": b.cluster, **b.status_fields()}
     queue = list(to_run)
     running: list[RunHandle] = []

@@ -11,7 +11,9 @@ The ETA is measured, never guessed: none is shown until a run of this sweep has 
 it is the median duration of this sweep's finished runs (of those that did not pay a slot's
 cold start, once there are any: the first ``parallel`` runs start the workers) laid onto
 ``parallel`` slots -- the running runs first, for what their median leaves of them, then every
-pending run -- i.e. about median x remaining runs / parallel.
+pending run -- i.e. about median x remaining runs / parallel -- plus whatever else the sweep
+still has to do between its runs, as measured so far (``extra``: the machine's calibration
+slices still to take, `canzona.calibrate.machine.SweepCalibration.remaining_s`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -61,7 +64,8 @@ class Progress:
     rerun); ``parallel``: how many run at once. ``tty``: None = ``stream.isatty()``.
     ``heartbeat_s``: off by default; a number makes the non-terminal output add a status line at
     least that often while runs are going (for CI systems that kill silent jobs).
-    ``min_interval_s``: the terminal line is redrawn at most this often (unless forced)."""
+    ``min_interval_s``: the terminal line is redrawn at most this often (unless forced).
+    ``extra``: seconds of work the sweep still does between its runs (added to the ETA)."""
 
     BAR = 24  # width of the terminal's bar, in characters
 
@@ -74,6 +78,7 @@ class Progress:
         tty: bool | None = None,
         heartbeat_s: float | None = None,
         min_interval_s: float = 0.0,
+        extra: Callable[[], float] | None = None,
     ) -> None:
         self.stream = stream or sys.stdout
         isatty = getattr(self.stream, "isatty", None)
@@ -86,6 +91,7 @@ class Progress:
         self.t0 = _clock()
         self.heartbeat_s = heartbeat_s
         self.min_interval_s = min_interval_s
+        self.extra = extra
         self._n_started = 0
         self._slot: dict[str, bool] = {}  # running run -> warm (not one of the first `parallel` started)
         self._timed: list[tuple[float, bool]] = []  # (duration, warm) per finished run
@@ -125,7 +131,7 @@ class Progress:
         heapq.heapify(slots)
         for _ in range(max(0, self.pending)):
             heapq.heapreplace(slots, slots[0] + d)
-        return max(slots)
+        return max(slots) + (self.extra() if self.extra is not None else 0.0)
 
     def _running_text(self, limit: int = 3) -> str:
         names = list(self.started)

@@ -277,6 +277,10 @@ def test_a_sweep_calibrates_in_slices_between_its_runs(tmp_path):
     last = next(i for i, x in enumerate(lines) if "slice 2 of 2 (after the runs" in x)
     finished = [i for i, x in enumerate(lines) if re.search(r"\[sweep\] \d/2 finished", x)]
     assert len(finished) == 2 and first < finished[0] and finished[-1] < last, r.stdout
+    # the ETA after the first run counts the slice still to come, at the first one's duration
+    took = int(re.search(r"\[calibrate\] slice 1 of 2 took (\d+) s", r.stdout).group(1))
+    eta = re.search(r"ETA (?:(\d+)m)?(\d+)s", lines[finished[0]])
+    assert eta is not None and 60 * int(eta.group(1) or 0) + int(eta.group(2)) >= took, (took, lines[finished[0]])
     hardware = next(cache.glob("hardware/*.yaml"))
     calibration = yaml.safe_load(hardware.read_text())["calibration"]
     assert calibration["repeats"] == 2 and calibration["slices"] == {"before_run": [0, 2], "of_runs": 2}

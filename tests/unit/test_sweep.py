@@ -535,6 +535,19 @@ def test_progress_eta_uses_parallel_slots_and_the_tail(clock):
     assert p.eta() == pytest.approx(40 + 7 * 60)  # what b has left, then 7 runs one after another
 
 
+def test_progress_eta_adds_the_work_still_to_come_between_runs(clock):
+    """The calibration slices still to take (`SweepCalibration.remaining_s`) are part of the ETA."""
+    left = [90.0]
+    p = Progress(3, parallel=1, stream=io.StringIO(), tty=False, extra=lambda: left[0])
+    p.start("a")
+    clock.t += 60
+    p.finish("a", True, None)
+    assert p.eta() == pytest.approx(2 * 60 + 90)
+    left[0] = 0.0  # the slices taken
+    assert p.eta() == pytest.approx(2 * 60)
+    assert "ETA 2m00s" in p.line()
+
+
 def test_progress_heartbeat_only_when_asked(clock):
     buf = io.StringIO()
     p = Progress(2, stream=buf, tty=False, heartbeat_s=60)
