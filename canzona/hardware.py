@@ -317,8 +317,9 @@ class Hardware:
         ``cpu_sharing``: what a collective waits for its peers (``sched_wait_ms`` when ranks
         oversubscribe the cores, ``peer_wait_ms``: [[work ms, wait ms], ...] after work apart, and
         ``sched_wait_curve_ms`` the same under oversubscription where the file has it);
-        for the median of several calibrations ``calibration_spread``: how many, and the range of
-        a few headline numbers across them."""
+        for the median of several calibrations ``calibration_spread``: how many, whether they were
+        slices spread over a sweep's runs (``sliced``) or taken in a row, and the range of a few
+        headline numbers across them."""
         out = {"name": self.name, "source": self.source, "path": self.path, "device": self.device.get("name"),
                "ranks_per_node": self.ranks_per_node, "fingerprint": self.fingerprint}
         if self.sched_wait_s or self.peer_wait:
@@ -328,7 +329,8 @@ class Hardware:
                                      if self.sched_wait_curve else {})}
         calib = self.raw.get("calibration") or {}
         if (calib.get("repeats") or 1) > 1 and calib.get("spread"):  # `canzona.calibrate.repeat`
-            out["calibration_spread"] = {"repeats": int(calib["repeats"]), "spread": dict(calib["spread"])}
+            out["calibration_spread"] = {"repeats": int(calib["repeats"]), "spread": dict(calib["spread"]),
+                                         "sliced": bool(calib.get("slices"))}
         return out
 
     @property

@@ -90,9 +90,24 @@ SPREAD = {  # what `spread` reports: a label and the path to the number
     "sched_wait_ms": ("compute", "sched_wait_s"),
     "matmul_gflops": ("compute", "matmul_flops_per_s", "float32"),
     "forward_layer_ms": ("model", "forward", "layer_s"),
+    "overlap": ("compute", "overlap"),
+    # the README sweep's 0.6B model (width/8, 4 layers, 1 x 32 tokens) as timed, not fitted:
+    # what its trials' passes are priced from (`canzona.calibrate.model_pass.CPU_POINTS`)
+    "sweep_model_forward_ms": ("model", "points", ("qwen3-0.6b", 8, 4, 1, 32), "forward_s"),
+    "sweep_model_backward_ms": ("model", "points", ("qwen3-0.6b", 8, 4, 1, 32), "backward_s"),
 }
 _SCALE = {"adamw_ns_per_element": 1e9, "all_reduce_latency_us": 1e6, "sched_wait_ms": 1e3, "matmul_gflops": 1e-9,
-          "forward_layer_ms": 1e3}
+          "forward_layer_ms": 1e3, "overlap": 1.0, "sweep_model_forward_ms": 1e3, "sweep_model_backward_ms": 1e3}
+_POINT_KEYS = ("model", "width_div", "layers", "micro_batch", "seq_len")
+
+
+def _step(x: Any, key: Any) -> Any:
+    """One step of a `SPREAD` path: a dict's key, or (a tuple) the model point of that size."""
+    if isinstance(key, tuple):
+        matches = [p for p in x if isinstance(p, dict) and tuple(p.get(k) for k in _POINT_KEYS) == key] \
+            if isinstance(x, list) else []
+        return matches[0] if matches else None
+    return x.get(key) if isinstance(x, dict) else None
 
 
 def spread(items: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -102,7 +117,7 @@ def spread(items: list[dict[str, Any]]) -> dict[str, list[float]]:
         vals = []
         for x in items:
             for key in path:
-                x = x.get(key) if isinstance(x, dict) else None
+                x = _step(x, key)
             if _is_number(x):
                 vals.append(float(x) * _SCALE[label])
         if vals:

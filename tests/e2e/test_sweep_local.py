@@ -287,6 +287,7 @@ def test_a_sweep_calibrates_in_slices_between_its_runs(tmp_path):
     assert calibration["quick"] is True and "spread" in calibration
     html = (tmp_path / "results" / "pair" / "report" / "index.html").read_text()
     assert 'id="predicted-errors"' in html and str(hardware) in html
+    assert "the median of 2 calibrations taken in slices between the sweep's runs" in html
 
 
 @pytest.mark.slow

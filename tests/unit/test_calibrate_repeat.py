@@ -67,6 +67,22 @@ def test_the_spread_reports_each_headline_numbers_range() -> None:
     assert s["adamw_ns_per_element"] == [0.67, 1.05]
     assert s["sched_wait_ms"] == [0.4, 1.66]
     assert s["all_reduce_latency_us"] == [600.0, 1300.0]
+    assert "overlap" not in s and "sweep_model_forward_ms" not in s  # not in these files: left out
+
+
+def test_the_spread_reports_the_overlap_and_the_sweep_models_timed_passes() -> None:
+    """The numbers a sweep's model passes are priced from, per calibration: its slices' range
+    shows how far the machine moved under them."""
+    def cal(overlap: float, fwd: float, bwd: float) -> dict:
+        points = [{"model": "qwen3-0.6b", "width_div": 8, "layers": 2, "micro_batch": 1, "seq_len": 32,
+                   "forward_s": 1.0, "backward_s": 1.0},
+                  {"model": "qwen3-0.6b", "width_div": 8, "layers": 4, "micro_batch": 1, "seq_len": 32,
+                   "forward_s": fwd, "backward_s": bwd}]
+        return {"compute": {"overlap": overlap}, "model": {"points": points}}
+
+    s = spread([cal(0.28, 0.0189, 0.0255), cal(0.32, 0.0264, 0.0306)])
+    assert s["overlap"] == [0.28, 0.32]
+    assert s["sweep_model_forward_ms"] == [18.9, 26.4] and s["sweep_model_backward_ms"] == [25.5, 30.6]
 
 
 def test_repeats_must_be_positive() -> None:
@@ -88,4 +104,6 @@ def test_a_median_files_spread_is_described_for_the_report() -> None:
     assert "calibration_spread" not in load_hardware(data).describe()
     data["calibration"] = {"format": 10, "repeats": 3, "spread": {"adamw_ns_per_element": [0.62, 1.09]}}
     assert load_hardware(data).describe()["calibration_spread"] == {
-        "repeats": 3, "spread": {"adamw_ns_per_element": [0.62, 1.09]}}
+        "repeats": 3, "spread": {"adamw_ns_per_element": [0.62, 1.09]}, "sliced": False}
+    data["calibration"]["slices"] = {"before_run": [0, 20, 40, 60, 80], "of_runs": 80}
+    assert load_hardware(data).describe()["calibration_spread"]["sliced"] is True
