@@ -93,7 +93,7 @@ def _run(argv: list[str]) -> int:
             f"{cfg.method.label} {cfg.optimizer.name} dp={cfg.parallel.dp} tp={cfg.parallel.tp}"
             f"{f' ep={cfg.parallel.ep}' if cfg.parallel.ep > 1 else ''}: "
             f"iteration {summary['iteration_ms_median']:.1f} ms, optimizer step {summary['optimizer_step_ms_median']:.1f} ms "
-            f"(median of {cfg.train.steps}); records in {out}"
+            f"(median of {cfg.train.steps}; {_batch_text(cfg)}); records in {out}"
         )
     return 0
 
@@ -147,5 +147,14 @@ def dry_run_main(cfg, out: Path) -> int:
     return 0
 
 
+def _batch_text(cfg: Any) -> str:
+    """What each rank ran per step, so that a by-hand run is compared at the sweep's batch (the
+    trial default is 2 sequences a micro-batch; the README's local sweep runs 1)."""
+    t = cfg.train
+    accum = f" x {t.grad_accum} micro-batches" if t.grad_accum > 1 else ""
+    return f"micro-batch {t.micro_batch} x {t.seq_len} tokens{accum} per rank"
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

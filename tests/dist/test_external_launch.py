@@ -70,6 +70,8 @@ def test_torchrun_into_a_new_out_folder(tmp_path: Path) -> None:
         r = _torchrun(*TINY, f"out={out}")
         assert r.returncode == 0 and "error:" not in r.stderr, r.stderr[-3000:]
         assert (out / "summary.json").is_file()
+        # the summary line names the batch each rank ran (the trial default: 2 sequences)
+        assert "(median of 1; micro-batch 2 x " in r.stdout and " tokens per rank); records in " in r.stdout, r.stdout
 
 
 def test_torchrun_every_rank_reports_rank_0s_verdict(tmp_path: Path) -> None:
