@@ -55,8 +55,12 @@ def test_a_kept_allocator_faults_no_page_in_a_repeated_backward() -> None:
     kept = _backward_faults("kept")
     assert kept["policy"] == host_memory.POLICY
     # glibc's default policy faults 4748 pages (19 MB) into every one of these backwards (glibc
-    # 2.36, 2026-12-07); a few pages of Python's own are allowed
-    assert max(kept["faults"]) < 200, kept
+    # 2.36, 2026-12-07); a few pages of Python's own are allowed. The kernel may still take pages
+    # back between two backwards of a loaded machine (once 594 pages into one backward of four,
+    # in a full test run on a VM with a DAMON thread): the policy shows in the typical backward,
+    # the median, where the default faults every time.
+    faults = sorted(kept["faults"])
+    assert faults[(len(faults) - 1) // 2] < 200, kept
 
 
 @glibc
