@@ -157,4 +157,3 @@ def _batch_text(cfg: Any) -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from canzona.calibrate.model_pass import CPU_POINTS
+
 PASS_KEYS = frozenset({"fixed_s", "layer_s", "flops_per_s"})
 LINK_KEYS = frozenset({"latency_s", "bandwidth_Bps"})
 # a link block's fits: (the keys picked together, the reference cost that picks them)
@@ -84,6 +86,8 @@ def _link_median(items: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+SWEEP_POINT = CPU_POINTS[2]  # the local sweep's 0.6B size, as `model_pass.backward_work` takes it
+
 SPREAD = {  # what `spread` reports: a label and the path to the number
     "adamw_ns_per_element": ("adamw_seconds_per_element",),
     "all_reduce_latency_us": ("collectives", "intra", "all_reduce", "latency_s"),
@@ -92,9 +96,9 @@ SPREAD = {  # what `spread` reports: a label and the path to the number
     "forward_layer_ms": ("model", "forward", "layer_s"),
     "overlap": ("compute", "overlap"),
     # the README sweep's 0.6B model (width/8, 4 layers, 1 x 32 tokens) as timed, not fitted:
-    # what its trials' passes are priced from (`canzona.calibrate.model_pass.CPU_POINTS`)
-    "sweep_model_forward_ms": ("model", "points", ("qwen3-0.6b", 8, 4, 1, 32), "forward_s"),
-    "sweep_model_backward_ms": ("model", "points", ("qwen3-0.6b", 8, 4, 1, 32), "backward_s"),
+    # what its trials' passes are priced from (the point `backward_work` overlaps, too)
+    "sweep_model_forward_ms": ("model", "points", SWEEP_POINT, "forward_s"),
+    "sweep_model_backward_ms": ("model", "points", SWEEP_POINT, "backward_s"),
 }
 _SCALE = {"adamw_ns_per_element": 1e9, "all_reduce_latency_us": 1e6, "sched_wait_ms": 1e3, "matmul_gflops": 1e-9,
           "forward_layer_ms": 1e3, "overlap": 1.0, "sweep_model_forward_ms": 1e3, "sweep_model_backward_ms": 1e3}
@@ -103,11 +107,10 @@ _POINT_KEYS = ("model", "width_div", "layers", "micro_batch", "seq_len")
 
 def _step(x: Any, key: Any) -> Any:
     """One step of a `SPREAD` path: a dict's key, or (a tuple) the model point of that size."""
-    if isinstance(key, tuple):
-        matches = [p for p in x if isinstance(p, dict) and tuple(p.get(k) for k in _POINT_KEYS) == key] \
-            if isinstance(x, list) else []
-        return matches[0] if matches else None
-    return x.get(key) if isinstance(x, dict) else None
+    if not isinstance(key, tuple):
+        return x.get(key) if isinstance(x, dict) else None
+    points = x if isinstance(x, list) else []
+    return next((p for p in points if isinstance(p, dict) and tuple(p.get(k) for k in _POINT_KEYS) == key), None)
 
 
 def spread(items: list[dict[str, Any]]) -> dict[str, list[float]]:
