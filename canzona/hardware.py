@@ -15,6 +15,7 @@ to flop / byte rates, so a spec-derived file needs no per-shape table::
       memory_bytes_per_s: B                # elementwise passes (fallback for the tables below)
       call_overhead_s: s                   # per batched optimizer call, per shape (fallback)
       overlap: 1.0                         # fraction of async comm hidden behind host compute
+      grad_reduce_overlap: 1.0             # optional: that of the bucketed gradient reductions beside the backward (default: overlap)
       sched_wait_s: s                      # CPU: a collective's wait for its peers to be scheduled when
                                            # ranks x threads > cores (canzona.calibrate.contended); 0: none
       peer_wait: [[work_s, wait_s], ...]   # CPU: a collective's wait for its peers after each member's
@@ -253,6 +254,10 @@ class Hardware:
         self.memory_Bps = float(comp.get("memory_bytes_per_s", 1e10))
         self.call_overhead_s = float(comp.get("call_overhead_s", 0.0))
         self.overlap = float(comp.get("overlap", 1.0))
+        # the bucketed gradient reductions' share hidden behind the backward, measured as the
+        # runtime issues them (`canzona.calibrate.grad_overlap`; calibrations before format 16 and
+        # the spec-derived files: ``overlap``)
+        self.grad_reduce_overlap = float(comp.get("grad_reduce_overlap", self.overlap))
         # What a collective waits for its peers to be scheduled when the trial's ranks oversubscribe
         # the CPU (`canzona.calibrate.contended`); added to every collective's latency only by the
         # copy `oversubscribed` returns.
@@ -359,6 +364,8 @@ class Hardware:
             "model_tflops": {"forward": r(self.forward.flops_per_s / 1e12), "backward": r(self.backward.flops_per_s / 1e12)},
             "model_dtype": self.model_dtype,
             "comm_compute_overlap": self.overlap,
+            **({"grad_reduce_backward_overlap": self.grad_reduce_overlap}
+               if self.grad_reduce_overlap != self.overlap else {}),
             **({"oversubscribed_collective_wait_ms": r(self.sched_wait_s * 1e3)} if self.sched_wait_s else {}),
             **({"peer_wait_ms_after_work_ms": [[r(w * 1e3), r(t * 1e3)] for w, t in self.peer_wait]}
                if self.peer_wait else {}),

@@ -52,7 +52,7 @@ def match_spec(opts: Options, device_name: str) -> str | None:
 
 # What a calibration measures, by version: 2 adds gradient clipping's norm and scaling passes,
 # times AdamW through the executor's fused kernel and records the CPU's speed probe (`canzona.calibrate.machine` retakes older files)
-CALIBRATION_FORMAT = 15  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
+CALIBRATION_FORMAT = 16  # 3: a CPU's scheduling wait of collectives under oversubscription (`canzona.calibrate.contended`);
 # 4: the model passes timed in the dtype trials train in (`model_pass.pass_dtype`), Muon in ``ns_dtype``;
 # 5: a gradient's landing in the fp32 buffer per element and dtype (``grad_add_seconds_per_element``);
 # 6: the step's passes (norm, scale, AdamW, apply) timed with cold caches on a CPU, AdamW without
@@ -71,6 +71,8 @@ CALIBRATION_FORMAT = 15  # 3: a CPU's scheduling wait of collectives under overs
 # 14: what a rank's idle threads use a second (``compute.idle_threads_cpu_per_s``, `canzona.calibrate.comm.idle_threads_cpu`)
 # 15: a CPU's processes keep the memory they free, as a trial's CPU ranks now do (`canzona.host_memory`;
 #     ``calibration.host_allocator``): glibc's page faults no longer decide a model pass's time
+# 16: the gradient buckets' reductions' overlap with the backward, as a trial's runtime issues them
+#     (``compute.grad_reduce_overlap``, `canzona.calibrate.grad_overlap`)
 
 
 def calibrate(opts: Options, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -143,6 +145,11 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
         log(f"  collectives ({backend}, 2 processes): all_reduce {pair_latency * 1e6:.0f} us + "
             f"{intra['bandwidth_Bps'] / 1e9:.2f} GB/s"
             + (f", one element {intra['one_element_s'] * 1e6:.0f} us" if "one_element_s" in intra else ""))
+    grad = workers.get("grad_reduce_overlap")
+    if grad:
+        log(f"  gradient reductions beside the backward ({grad['buckets']} buckets, as the runtime issues them): "
+            f"{grad['overlapped_ms']:.1f} ms overlapped, {grad['backward_ms']:.1f} + {grad['reduce_ms']:.1f} ms apart: "
+            f"overlap {grad['overlap']:.2f} (the general one {overlap:.2f})")
     for note in notes:
         log(f"  note: {note}")
     contended = None
@@ -190,6 +197,8 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
             "memory_bytes_per_s": 1.0 / basics["copy_seconds_per_byte"],
             "call_overhead_s": float(np.median(list(upd["update_overhead_s"].values()))) if upd["update_overhead_s"] else 0.0,
             "overlap": overlap,
+            **({"grad_reduce_overlap": float(workers["grad_reduce_overlap"]["overlap"])}
+               if collectives_source == "measured" and workers.get("grad_reduce_overlap") else {}),
             "sched_wait_s": contended["sched_wait_s"] if contended else 0.0,
             "peer_wait": drift["points"] if drift else [],
             "sched_wait_curve": contended["curve"] if contended else [],
@@ -214,7 +223,8 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
             "quick": opts.quick, "budget_s": opts.budget_s, "width_divs": list(opts.width_divs), "device": kind,
             "compute_processes": world or 1, "spec": spec, "collectives_source": collectives_source,
             "shapes_skipped": upd["skipped"], "shapes_retimed": upd.get("retimed", 0),
-            "overlap_measurement": workers.get("overlap"), "collective_samples": workers.get("collectives"),
+            "overlap_measurement": workers.get("overlap"),
+            "grad_reduce_overlap_measurement": workers.get("grad_reduce_overlap"), "collective_samples": workers.get("collectives"),
             "contended_measurement": contended, "peer_wait_measurement": drift,
             "seconds": None,
         },

@@ -95,13 +95,14 @@ SPREAD = {  # what `spread` reports: a label and the path to the number
     "matmul_gflops": ("compute", "matmul_flops_per_s", "float32"),
     "forward_layer_ms": ("model", "forward", "layer_s"),
     "overlap": ("compute", "overlap"),
+    "grad_reduce_overlap": ("compute", "grad_reduce_overlap"),
     # the README sweep's 0.6B model (width/8, 4 layers, 1 x 32 tokens) as timed, not fitted:
     # what its trials' passes are priced from (the point `backward_work` overlaps, too)
     "sweep_model_forward_ms": ("model", "points", SWEEP_POINT, "forward_s"),
     "sweep_model_backward_ms": ("model", "points", SWEEP_POINT, "backward_s"),
 }
 _SCALE = {"adamw_ns_per_element": 1e9, "all_reduce_latency_us": 1e6, "sched_wait_ms": 1e3, "matmul_gflops": 1e-9,
-          "forward_layer_ms": 1e3, "overlap": 1.0, "sweep_model_forward_ms": 1e3, "sweep_model_backward_ms": 1e3}
+          "forward_layer_ms": 1e3, "overlap": 1.0, "grad_reduce_overlap": 1.0, "sweep_model_forward_ms": 1e3, "sweep_model_backward_ms": 1e3}
 _POINT_KEYS = ("model", "width_div", "layers", "micro_batch", "seq_len")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from canzona.calibrate.clock import Clock
 from canzona.calibrate.comm import CALL_CPU, idle_threads_cpu, time_call_cpu, time_collectives, time_overlap
 from canzona.calibrate.compute import measure_compute
+from canzona.calibrate.grad_overlap import time_grad_reduce_overlap
 from canzona.calibrate.model_pass import backward_work, time_model
 from canzona.calibrate.probe import per_core, throughput_probe
 from canzona.calibrate.settings import Options
@@ -68,6 +69,9 @@ def worker(rank: int, world: int, port: int, opts: Options, device_kind: str, ou
             work = backward_work(rank, world, clock) if opts.model else None
             result["overlap"] = time_overlap(opts.quick, clock, work)
             del work
+            if opts.model:  # the gradient buckets' reductions beside the backward, as a trial runs them
+                result["grad_reduce_overlap"] = time_grad_reduce_overlap(rank, world, clock, ctx, opts.threads,
+                                                                         opts.quick)
         if opts.model:
             result["model"] = time_model(rank, world, clock)
         if probes:  # at the start and at the end of the workers' measurements, the mean

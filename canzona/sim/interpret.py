@@ -43,6 +43,7 @@ from canzona.program.actions import (
     TRANSFER_TYPES,
     Apply,
     Backward,
+    BucketReduce,
     ClipScale,
     Compute,
     CopyToModel,
@@ -102,6 +103,9 @@ class ProgramSim:
         self.pending: dict[tuple, dict[int, tuple[float, Any]]] = {}
         self.handles: dict[tuple, Handle] = {}
         self.comms = [comm_of(p) for p in self.programs]
+        # the gradient buckets' reductions: hidden behind the backward by their own measured share
+        # (`Hardware.grad_reduce_overlap`), not by that of the other asynchronous collectives
+        self.grad_tags = {tag for comms in self.comms for tag, c in comms.items() if isinstance(c, BucketReduce)}
         # CPU oversubscription: inside the optimizer step only the busy ranks compete for cores
         self.host_factor = [1.0] * self.world
         self.peer_s = [0.0] * self.world  # param-sync waits spent before the last peer issued
@@ -204,7 +208,8 @@ class ProgramSim:
         seconds += max(slot[r][2] for r in members)
         self.handles[key] = self.tl.collective(members, axis, seconds, key[1], transfer,
                                                issued=[slot[r][0] for r in members],
-                                               worked=[slot[r][3] for r in members])
+                                               worked=[slot[r][3] for r in members],
+                                               overlap=self.hw.grad_reduce_overlap if key[1] in self.grad_tags else None)
 
     def handle(self, r: int, tag: str, it: int | None = None) -> Handle | None:
         gid = self._gid[r][tag]

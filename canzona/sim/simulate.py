@@ -146,7 +146,9 @@ def assumptions(cfg: TrialConfig, hw: Hardware, scale: float, step_scale: float 
         + (f"a group runs {hw.comm_lanes} of its collectives at once (gloo's worker threads), each in issue order"
            if hw.comm_lanes > 1 else "a group runs its collectives one after another (one stream per communicator)"),
         f"ranks TP-contiguous (rank = dp_rank·tp + tp_rank), {hw.ranks_per_node or 'all'} ranks per node",
-        f"communication/compute overlap fraction {hw.overlap:g}",
+        f"communication/compute overlap fraction {hw.overlap:g}"
+        + (f" (the gradient buckets' reductions beside the backward: {hw.grad_reduce_overlap:g}, measured as the "
+           "runtime issues them)" if hw.grad_reduce_overlap != hw.overlap else ""),
         ("optimizer updates from the hardware file's measured per-shape table (unmeasured shapes scaled by flops), "
          "matrix by matrix as the executor runs them"
          if has_table else

@@ -215,10 +215,11 @@ class Timeline:
     # ------------------------------------------------------------------ collectives
     def collective(self, ranks: Sequence[int], stream: str, seconds: float, label: str,
                    transfer_s: float | None = None, issued: Sequence[float] | None = None,
-                   worked: Sequence[float] | None = None) -> Handle:
+                   worked: Sequence[float] | None = None, overlap: float | None = None) -> Handle:
         """One collective over `ranks`, issued by each member at its current host time (or at
         ``issued[k]`` for the k-th member, whose ``busy`` then was ``worked[k]``); returns its
-        handle. `transfer_s`: the part of `seconds` that keeps a CPU busy (default: all of it)."""
+        handle. `transfer_s`: the part of `seconds` that keeps a CPU busy (default: all of it).
+        ``overlap``: this collective's share hidden behind compute (default: the timeline's)."""
         busy = (seconds if transfer_s is None else transfer_s) * self.scale
         # the latency waits on the peers and holds no core: only the transfer is stretched
         dur = seconds * self.scale if self.scale == 1.0 or transfer_s is None else seconds - transfer_s + busy
@@ -245,7 +246,8 @@ class Timeline:
         if dur > 0:
             # one event shared by the members' lists (read-only once recorded)
             ev = {"name": label, "cat": "comm", "start_ms": start * 1e3, "dur_ms": dur * 1e3, "lane": f"{stream} stream"}
-            debt = (1.0 - self.overlap) * busy
+            hidden = self.overlap if overlap is None else min(1.0, max(0.0, overlap))
+            debt = (1.0 - hidden) * busy
             for r in ranks:
                 self.stream_events[r].append(ev)
                 if debt:

@@ -119,6 +119,10 @@ def test_quick_calibration_cli_with_gloo_collectives(quick_calibration) -> None:
     assert 0.0 <= data["compute"]["overlap"] <= 1.0
     # without the model timed (model=false, quick's default) the overlap is measured against matmuls
     assert data["calibration"]["overlap_measurement"]["against"] == "matmul"
+    # and the gradient buckets' reductions are not measured apart (the runtime runs the model):
+    # the simulator prices them with ``overlap`` (`Hardware.grad_reduce_overlap`)
+    assert "grad_reduce_overlap" not in data["compute"]
+    assert data["calibration"]["grad_reduce_overlap_measurement"] is None
     # the contended collectives (canzona.calibrate.contended): measured where 2 x cores processes fit
     cores, contended = data["device"]["cores"], data["calibration"]["contended_measurement"]
     if 2 * cores <= 8:

@@ -78,10 +78,10 @@ def test_the_spread_reports_the_overlap_and_the_sweep_models_timed_passes() -> N
                    "forward_s": 1.0, "backward_s": 1.0},
                   {"model": "qwen3-0.6b", "width_div": 8, "layers": 4, "micro_batch": 1, "seq_len": 32,
                    "forward_s": fwd, "backward_s": bwd}]
-        return {"compute": {"overlap": overlap}, "model": {"points": points}}
+        return {"compute": {"overlap": overlap, "grad_reduce_overlap": overlap / 4}, "model": {"points": points}}
 
     s = spread([cal(0.28, 0.0189, 0.0255), cal(0.32, 0.0264, 0.0306)])
-    assert s["overlap"] == [0.28, 0.32]
+    assert s["overlap"] == [0.28, 0.32] and s["grad_reduce_overlap"] == [0.07, 0.08]
     assert s["sweep_model_forward_ms"] == [18.9, 26.4] and s["sweep_model_backward_ms"] == [25.5, 30.6]
 
 

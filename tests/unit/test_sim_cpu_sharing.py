@@ -376,3 +376,27 @@ def test_gloo_runs_two_collectives_of_a_group_at_once_and_nccl_one() -> None:
         tl = Timeline(2, lanes=lanes)
         hs = [tl.collective([0, 1], "dp", 1.0, f"b{k}") for k in range(3)]
         assert [h.end for h in hs] == ends
+
+
+def test_the_gradient_buckets_reductions_take_their_own_overlap() -> None:
+    """``compute.grad_reduce_overlap`` (measured as the runtime issues the bucket reductions,
+    `canzona.calibrate.grad_overlap`) prices the gradient buckets' reductions alone: at 0 their
+    whole busy time lengthens the backward and the reduction wait, while the parameter gathers
+    (another asynchronous collective) keep the file's ``overlap``; absent, it is ``overlap``."""
+    from canzona.config import load_config
+    from canzona.sim.simulate import project
+
+    base = ["model=qwen3-0.6b", "model.width_div=16", "model.num_layers=2", "method=adamw", "optimizer=adamw",
+            "dist.device=cpu", "dist.threads_per_rank=1", "train.seq_len=32", "parallel.dp=2", "bucket.size=20000"]
+    cfg = load_config(base)
+    plain = _cpu_hardware(0.0, overlap=1.0)
+    assert plain.grad_reduce_overlap == 1.0
+    same = _cpu_hardware(0.0, overlap=1.0, grad_reduce_overlap=1.0)
+    apart = _cpu_hardware(0.0, overlap=1.0, grad_reduce_overlap=0.0)
+    p_plain, p_same, p_apart = (project(cfg, hw, events="none") for hw in (plain, same, apart))
+    assert p_same["iteration_ms"] == p_plain["iteration_ms"]
+    grads = [(p["backward_ms"] + p["grad_reduce_ms"]) for p in (p_plain, p_apart)]
+    assert grads[1] > grads[0], grads  # the reductions' busy time no longer hidden
+    assert p_apart["param_gather_ms"] == p_plain["param_gather_ms"]  # the gathers keep ``overlap``
+    assert any("beside the backward: 0" in a for a in p_apart["assumptions"])
+    assert not any("beside the backward" in a for a in p_plain["assumptions"])
