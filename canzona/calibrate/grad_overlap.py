@@ -68,7 +68,7 @@ def time_grad_reduce_overlap(rank: int, world: int, clock: Clock, ctx: Any, thre
         dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
         model = build_model(mcfg, device=ctx.device, seed=cfg.train.seed, dtype=dtype)
         runtimes[overlap] = (Runtime(model, plan, lower(plan)[rank], cfg.optimizer, ctx), mcfg, cfg.train)
-    timer = StepTimer(clock.device.type)
+    timer = StepTimer(ctx.device)
 
     def iteration(overlap: bool, step: int) -> tuple[float, float]:
         rt, mcfg, train = runtimes[overlap]
