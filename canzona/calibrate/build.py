@@ -197,8 +197,7 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
             "memory_bytes_per_s": 1.0 / basics["copy_seconds_per_byte"],
             "call_overhead_s": float(np.median(list(upd["update_overhead_s"].values()))) if upd["update_overhead_s"] else 0.0,
             "overlap": overlap,
-            **({"grad_reduce_overlap": float(workers["grad_reduce_overlap"]["overlap"])}
-               if collectives_source == "measured" and workers.get("grad_reduce_overlap") else {}),
+            **({"grad_reduce_overlap": float(grad["overlap"])} if grad else {}),
             "sched_wait_s": contended["sched_wait_s"] if contended else 0.0,
             "peer_wait": drift["points"] if drift else [],
             "sched_wait_curve": contended["curve"] if contended else [],
@@ -224,7 +223,7 @@ def _calibrate_once(opts: Options, log: Callable[[str], Any] = print) -> dict[st
             "compute_processes": world or 1, "spec": spec, "collectives_source": collectives_source,
             "shapes_skipped": upd["skipped"], "shapes_retimed": upd.get("retimed", 0),
             "overlap_measurement": workers.get("overlap"),
-            "grad_reduce_overlap_measurement": workers.get("grad_reduce_overlap"), "collective_samples": workers.get("collectives"),
+            "grad_reduce_overlap_measurement": grad, "collective_samples": workers.get("collectives"),
             "contended_measurement": contended, "peer_wait_measurement": drift,
             "seconds": None,
         },

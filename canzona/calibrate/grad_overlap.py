@@ -18,6 +18,7 @@ share of the shorter of the two that overlapping hid, in [0, 1] (``raw``: before
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from typing import Any
 
@@ -53,7 +54,7 @@ def time_grad_reduce_overlap(rank: int, world: int, clock: Clock, ctx: Any, thre
     import torch
     import torch.distributed as dist
 
-    from canzona.executor.runtime import Runtime
+    from canzona.executor.runtime import Runtime, model_dtype
     from canzona.executor.timing import StepTimer
     from canzona.model.data import synthetic_batch
     from canzona.model.qwen3 import build_model
@@ -65,8 +66,7 @@ def time_grad_reduce_overlap(rank: int, world: int, clock: Clock, ctx: Any, thre
         cfg = reference_config(world, clock, threads, overlap)
         plan = make_plan(cfg, device=clock.device.type)
         mcfg = cfg.model_cfg()
-        dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
-        model = build_model(mcfg, device=ctx.device, seed=cfg.train.seed, dtype=dtype)
+        model = build_model(mcfg, device=ctx.device, seed=cfg.train.seed, dtype=model_dtype(plan))
         runtimes[overlap] = (Runtime(model, plan, lower(plan)[rank], cfg.optimizer, ctx), mcfg, cfg.train)
     timer = StepTimer(ctx.device)
 
@@ -81,16 +81,11 @@ def time_grad_reduce_overlap(rank: int, world: int, clock: Clock, ctx: Any, thre
 
     rounds, per_round = (3, 4) if quick else (5, 6)
     samples: dict[str, list[float]] = {"overlapped_ms": [], "backward_ms": [], "reduce_ms": []}
-    step = 0
+    steps = itertools.count(1)
     for _ in range(rounds):
         for overlap in (True, False):
-            runs = []
-            for k in range(per_round + 1):  # the first of each block re-warms that runtime
-                step += 1
-                if k:
-                    runs.append(iteration(overlap, step))
-                else:
-                    iteration(overlap, step)
+            iteration(overlap, next(steps))  # untimed: re-warms that runtime
+            runs = [iteration(overlap, next(steps)) for _ in range(per_round)]
             if overlap:
                 samples["overlapped_ms"].append(statistics.median(b + r for b, r in runs))
             else:

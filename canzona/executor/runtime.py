@@ -54,6 +54,11 @@ from canzona.program.actions import (
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def model_dtype(plan) -> torch.dtype:
+    """The torch dtype a plan's model is built in (``plan.execution.dtype``)."""
+    return _TORCH_DTYPES[plan.execution.dtype]
+
+
 def _in_space_order(model: nn.Module, specs) -> list[nn.Parameter]:
     """The model's parameters in the order of the rank's params ``specs`` (by name): an MoE
     model registers its experts inside each layer, the buffer holds them after the dense params."""

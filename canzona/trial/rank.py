@@ -36,7 +36,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
 
     from canzona import dist_rules
     from canzona.calibrate.probe import per_core, speed_probe, throughput_probe
-    from canzona.executor.runtime import Runtime
+    from canzona.executor.runtime import Runtime, model_dtype
     from canzona.host_memory import retain_freed_memory
     from canzona.model.parallel import destroy_parallel, init_parallel
     from canzona.model.qwen3 import build_model, full_state_dict
@@ -58,8 +58,7 @@ def run_rank(cfg: TrialConfig, out: Path, local_world: int, plan: Any = None) ->
             plan = shared_plan(cfg, kind, ctx.rank, torch.get_num_threads())
         programs = lower(plan)
         metrics = count_programs(plan, programs)
-        dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
-        model = build_model(cfg.model_cfg(), device=ctx.device, seed=cfg.train.seed, dtype=dtype,
+        model = build_model(cfg.model_cfg(), device=ctx.device, seed=cfg.train.seed, dtype=model_dtype(plan),
                             recompute=cfg.train.recompute == "full",
                             sequence_parallel=cfg.sequence_parallel)
         runtime = Runtime(model, plan, programs[ctx.rank], cfg.optimizer, ctx)

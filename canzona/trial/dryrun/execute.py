@@ -35,7 +35,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from canzona import dist_rules
 from canzona.config import TrialConfig
-from canzona.executor.runtime import Runtime
+from canzona.executor.runtime import Runtime, model_dtype
 from canzona.executor.timing import StepTimer
 from canzona.model import qwen3
 from canzona.model.parallel import destroy_parallel, init_parallel
@@ -89,7 +89,7 @@ def _run(cfg: TrialConfig, rank: int, ctx, plan: Any = None) -> dict[str, Any]:
     plan = plan if plan is not None else make_plan(cfg, device="cuda")
     program = lower(plan, [rank])[0]
     mcfg = cfg.model_cfg()
-    dtype = torch.bfloat16 if plan.execution.dtype == "bfloat16" else torch.float32
+    dtype = model_dtype(plan)
     # the rank's micro-batches of the first step stand for every step's: on fake tensors only their
     # shapes and dtypes count, the same at every step (generating 4096-token batches is real CPU work)
     batches = [step_batches(cfg, 0, ctx.dp_rank, ctx.dp)] * STEPS
