@@ -30,9 +30,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     fixture's instance (the module and the fixture's parameter) to one worker, each in one xdist
     group. The Slurm tests' group: tests/e2e/conftest.py.
 
-    The CI step ``pytest -m "paper or peers" -n 2 --dist loadgroup`` (.ci/run) runs in two
-    groups: the paper profile's dry run of every trial (the longest test by far, its ranks on
-    every core) on one worker, every other paper and peers test on the other, beside it."""
+    ``pytest -m "paper or peers" -n 2 --dist loadgroup`` runs in two groups: the paper profile's
+    dry run of every trial (the longest test by far, its ranks on every core) on one worker,
+    every other paper and peers test on the other, beside it (.ci/run runs the step on one
+    worker: faster on CI's machine, .ci/run says by how much)."""
     for it in items:
         if it.get_closest_marker("paper") or it.get_closest_marker("peers"):
             long_pole = it.name == "test_every_paper_trial_passes_the_dry_run"
