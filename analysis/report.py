@@ -273,6 +273,17 @@ def _no_measured() -> dict[str, Any]:
             "chosen": {}, "gantt_info": [], "load_rows": {}, "phases_tbl": [], "traces": {}, "peers": None}
 
 
+def _keep_hardware(hardware: Any, dest: Path) -> None:
+    """A copy of the hardware file the measured trials were predicted with, beside the report: a
+    machine's cached calibration is replaced by its next one, and the prediction can be checked
+    again from the sweep alone (``python -m canzona.sim.validate across``)."""
+    from canzona.hardware import load_hardware
+
+    hw = load_hardware(hardware)
+    text = Path(hw.path).read_text() if hw.path and Path(hw.path).is_file() else yaml.safe_dump(hw.raw, sort_keys=False)
+    atomic_write_text(dest, text)
+
+
 def build_report(sweep_dir: str | Path, out: str | Path | None = None, hardware: Any = "auto") -> Path:
     """Build the report of `sweep_dir` into `out` (default ``<sweep_dir>/report``); return the
     path of index.html. Raises `ConfigError` if the folder is missing or has no trials.
@@ -285,7 +296,7 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, hardware:
     out_dir = Path(out) if out is not None else sweep.path / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("speedups.csv", "latencies.csv", "phases.csv", "rank_loads.csv", "projected.csv", "predicted.csv",
-                  "peers.csv"):
+                  "peers.csv", "hardware.yaml"):
         (out_dir / stale).unlink(missing_ok=True)  # a rebuild leaves no table of another content
 
     proj_ids = {t.trial_id for t in sweep.trials if projection.is_projected(t)}
@@ -306,6 +317,7 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, hardware:
             from canzona.sim.validate import to_frame
 
             to_frame(pred["result"]).to_csv(out_dir / "predicted.csv", index=False)
+            _keep_hardware(projection.resolve_hardware(hardware), out_dir / "hardware.yaml")
         pred.pop("result", None)
 
     # every trial, in folder order, measured and projected

@@ -80,9 +80,13 @@ COMMANDS: tuple[Command, ...] = (
             "Build the HTML report of a sweep folder and print the path of its index.html.",
             _schema_keys("analysis.report", "ReportArgs")),
     Command("canzona.sim.validate", "python -m canzona.sim.validate TRIAL_OR_SWEEP_DIR [key=value ...] [--json]\n"
-            "       python -m canzona.sim.validate published [--json]",
+            "       python -m canzona.sim.validate published [--json]\n"
+            "       python -m canzona.sim.validate across SWEEP_DIR SWEEP_DIR [...] [--json]",
             "Predicted against measured, for every finished trial under the folder; 'published' projects the "
-            "published points of validation/published_points.yaml instead, each on its own hardware file.",
+            "published points of validation/published_points.yaml instead, each on its own hardware file; "
+            "'across' sets several measured sweeps of the same trials side by side, each predicted with the "
+            "hardware file its report was built with (SWEEP_DIR/report/hardware.yaml), and splits the error "
+            "into each trial's bias, each sweep's offset and the noise.",
             _schema_keys("canzona.sim.validate", "ValidateArgs")),
     Command("canzona.calibrate", "python -m canzona.calibrate out=PATH [key=value ...]",
             "Calibrate this machine into a hardware file (update, collective and model-pass times).",

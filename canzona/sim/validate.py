@@ -6,7 +6,10 @@
 - CLI: ``python -m canzona.sim.validate DIR [hardware=hardware/local.yaml] [--json]`` (unknown
   keys or flags: one line, exit 2); ``python -m canzona.sim.validate published [--json]``: every
   published GPU measurement of ``validation/published_points.yaml`` projected beside its
-  measured value (`canzona.sim.published`).
+  measured value (`canzona.sim.published`); ``python -m canzona.sim.validate across DIR DIR
+  [...]``: several sweeps of the same trials, each priced with its report's copy of its hardware
+  file, the error split into each trial's bias, each sweep's offset and the noise
+  (`canzona.sim.across`).
 
 Measured values are the trial's own aggregates: per measured step the max over ranks, then the
 median over steps (``summary.json``'s ``*_median``; phases from ``steps.jsonl`` the same way).
@@ -346,6 +349,9 @@ class ValidateArgs:
 # The command's keys that were renamed: refused with one line naming the new one.
 RENAMED = {"profile": Renamed("hardware", "the hardware file: a name under hardware/ or a YAML path")}
 PUBLISHED = "published"  # the positional that projects the published points instead of a folder
+ACROSS = "across"  # the positional that sets several sweeps side by side (`canzona.sim.across`)
+REPORT_HARDWARE = Path("report") / "hardware.yaml"  # a sweep's copy of what its report predicted with
+MAX_SWEEPS = 64
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _validate(argv: list[str]) -> int:
     form = usage("canzona.sim.validate")
+    if argv and argv[0] == ACROSS:
+        return _across(argv[1:], form)
     parts = split_argv(argv, flags=("--json",), positionals=1, usage=form)
     if not parts.positionals:
         raise ConfigError(f"missing TRIAL_OR_SWEEP_DIR; usage: {form}")
@@ -413,6 +421,32 @@ def _errs(m: dict[str, Any], kinds: tuple[str, ...] = ("", "_speed_adjusted")) -
         return figs[0] + "".join(f" [{f}]" for f in figs[1:])
 
     return f"step median |err| {one('optimizer_step_ms')}, iteration {one('iteration_ms')}"
+
+
+def _across(argv: list[str], form: str) -> int:
+    """Several sweeps side by side (`canzona.sim.across`), each priced with its report's hardware file."""
+    from canzona.sim.across import decompose, render
+
+    parts = split_argv(argv, flags=("--json",), positionals=MAX_SWEEPS, usage=form)
+    if parts.overrides:
+        raise ConfigError(f"{ACROSS} predicts each sweep with its own report's hardware file ({REPORT_HARDWARE}): "
+                          f"no key=value is allowed with it")
+    dirs = [Path(d) for d in parts.positionals]
+    if len(dirs) < 2:
+        raise ConfigError(f"{ACROSS} needs at least two sweep folders, got {len(dirs)}; usage: {form}")
+    for d in dirs:
+        if not d.is_dir():
+            raise ConfigError(f"{str(d)!r} is not a folder; usage: {form}")
+        if not (d / REPORT_HARDWARE).is_file():
+            raise ConfigError(f"{str(d)!r} has no {REPORT_HARDWARE}: build its report with the hardware file it "
+                              f"was calibrated with (python -m analysis.report {d} hardware=FILE)")
+    sweeps = [(str(d), compare_sweep(d, d / REPORT_HARDWARE)["per_trial"]["trials"]) for d in dirs]
+    result = decompose(sweeps)
+    if "--json" in parts.flags:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print("\n".join(render(result)))
+    return 0
 
 
 def _published(json_out: bool) -> int:

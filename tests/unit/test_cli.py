@@ -74,7 +74,8 @@ def test_usage_is_the_reference_on_one_line() -> None:
     """A missing argument's error line quotes the reference's usage, every form on one line."""
     for c in COMMANDS:
         assert "\n" not in usage(c.name) and usage(c.name).startswith(c.usage.splitlines()[0])
-    assert usage("canzona.sim.validate").endswith("| python -m canzona.sim.validate published [--json]")
+    assert usage("canzona.sim.validate").endswith("| python -m canzona.sim.validate published [--json] "
+                                                  "| python -m canzona.sim.validate across SWEEP_DIR SWEEP_DIR [...] [--json]")
 
 
 def test_no_command_keeps_its_own_shell() -> None:

@@ -403,6 +403,10 @@ def test_predicted_vs_measured_numbers_are_compare_sweeps(mixed, tmp_path: Path)
     root, hw = mixed
     index = build_report(root, out=tmp_path / "rep", hardware=hw)
     want = compare_sweep(root, hw)
+    # the hardware it predicted with is kept beside the report, and predicts the same again
+    kept = tmp_path / "rep" / "hardware.yaml"
+    assert yaml.safe_load(kept.read_text()) == hw
+    assert compare_sweep(root, kept)["overall"] == want["overall"]
     assert {r["trial"] for r in want["trials"]} == {f"m{i}{x}-{m}" for i, m in enumerate(("canzona", "sync", "layerwise"))
                                                    for x in "ab"}  # the projection is not a measurement
     page = Page(index.read_text())

@@ -1,0 +1,108 @@
+"""Several measured sweeps of the same trials side by side: how much of the prediction error is
+the simulator's, and how much the machine's.
+
+One sweep's error per trial (`canzona.sim.validate.per_trial`) mixes three things: what the
+simulator gets wrong about that trial (the same on every run of it), how fast the machine ran
+through the whole sweep against its calibration (common to that sweep's trials), and the
+trial's own run-to-run noise. With the same trials measured in several sweeps, each calibrated
+on its own (the README's first command run again on fresh clones, or on other days), they come
+apart:
+
+- a trial's **bias**: its mean error over the sweeps (what a better simulator could remove);
+- a sweep's **offset**: the median over its trials of their errors less their biases (the
+  machine's speed during that sweep against its calibration: no prediction made before the
+  trials can know it);
+- what is left: the noise.
+
+For each sweep the goal of `canzona.sim.validate.GOAL` is then judged three ways: on the raw
+errors, with every trial's bias taken out (a simulator without bias on any trial), and with the
+sweep's offset taken out as well. The biases are estimated from the same sweeps they are taken
+out of, so the second and third columns are the most favourable case: where even they miss, the
+machine, not the simulator, sets the bound.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from canzona.errors import ConfigError
+from canzona.sim.validate import GOAL, HEADLINE, _error_stats, meets_goal
+
+KINDS = ("raw", "bias_removed", "bias_and_offset_removed")
+
+
+def decompose(sweeps: Sequence[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """``sweeps``: (label, per-trial rows as `canzona.sim.validate.per_trial` gives them) of at
+    least two sweeps. Only trials with both headline errors in every sweep are compared; the
+    others are listed in ``left_out``. Returns ``{"goal", "trials": [{trial, method, dp, tp,
+    bias: {metric: %}, sd: {metric: %}}], "median_sd": {metric: %}, "sweeps": [{label, offset:
+    {metric: %}, raw / bias_removed / bias_and_offset_removed: {goal_met, by_method}}],
+    "left_out": [trial ids]}``."""
+    if len(sweeps) < 2:
+        raise ConfigError(f"comparing sweeps needs at least two of them, got {len(sweeps)}")
+    usable = [{r["trial"]: r for r in rows if r.get("plan_matches") is not False} for _, rows in sweeps]
+    every = set.union(*(set(u) for u in usable))
+    common = sorted(t for t in every if all(
+        t in u and all(u[t].get(f"{m}_error_pct") is not None for m in HEADLINE) for u in usable))
+    if not common:
+        raise ConfigError("no trial has an optimizer step and an iteration error in every sweep: "
+                          "are they sweeps of the same trials?")
+    errors = {t: {m: [u[t][f"{m}_error_pct"] for u in usable] for m in HEADLINE} for t in common}
+    bias = {t: {m: statistics.fmean(v) for m, v in errs.items()} for t, errs in errors.items()}
+    sd = {t: {m: statistics.stdev(v) for m, v in errs.items()} for t, errs in errors.items()}
+    out_sweeps = []
+    for k, (label, _) in enumerate(sweeps):
+        debiased = {t: {m: errors[t][m][k] - bias[t][m] for m in HEADLINE} for t in common}
+        offset = {m: statistics.median(debiased[t][m] for t in common) for m in HEADLINE}
+        variants = {
+            "raw": {t: {m: errors[t][m][k] for m in HEADLINE} for t in common},
+            "bias_removed": debiased,
+            "bias_and_offset_removed": {t: {m: debiased[t][m] - offset[m] for m in HEADLINE} for t in common},
+        }
+        entry: dict[str, Any] = {"label": label, "offset": offset}
+        for kind, errs in variants.items():
+            entry[kind] = _judged([{**usable[k][t], **{f"{m}_error_pct": e for m, e in errs[t].items()}}
+                                   for t in common])
+        out_sweeps.append(entry)
+    first = usable[0]
+    return {
+        "goal": GOAL,
+        "trials": [{"trial": t, **{c: first[t][c] for c in ("method", "dp", "tp")}, "bias": bias[t], "sd": sd[t]}
+                   for t in common],
+        "median_sd": {m: statistics.median(sd[t][m] for t in common) for m in HEADLINE},
+        "sweeps": out_sweeps,
+        "left_out": sorted(every - set(common)),
+    }
+
+
+def _judged(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per method, the median and worst |error| of each headline metric, and the goal."""
+    by_method = [{"method": m, **_error_stats([r for r in rows if r["method"] == m], HEADLINE)}
+                 for m in sorted({r["method"] for r in rows})]
+    return {"goal_met": meets_goal(by_method), "by_method": by_method}
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """The decomposition as printed lines (``python -m canzona.sim.validate across``)."""
+    step, it = HEADLINE
+    goal = result["goal"]
+    lines = [f"{len(result['sweeps'])} sweeps, {len(result['trials'])} trials in all of them; goal per method: "
+             f"median |err| <= {goal['median_abs_error_pct']:g}% and worst <= {goal['worst_abs_error_pct']:g}%, "
+             "optimizer step and iteration"]
+    lines.append(f"{'sweep':40s} {'offset step/iter':>17s}  {'raw':>4s}  {'bias out':>8s}  {'bias+offset out':>15s}")
+    for s in result["sweeps"]:
+        met = ["met" if s[k]["goal_met"] else "miss" for k in KINDS]
+        lines.append(f"{s['label'][-40:]:40s} {s['offset'][step]:+7.1f}/{s['offset'][it]:+6.1f} %  "
+                     f"{met[0]:>4s}  {met[1]:>8s}  {met[2]:>15s}")
+    sd = result["median_sd"]
+    lines.append(f"a trial's error moves between sweeps by {sd[step]:.1f}% (step) and {sd[it]:.1f}% (iteration), "
+                 "the median standard deviation over the trials")
+    lines.append("bias per trial (its mean error over the sweeps, step / iteration) and its standard deviation:")
+    for t in sorted(result["trials"], key=lambda t: -max(abs(v) for v in t["bias"].values())):
+        lines.append(f"  {t['trial'][:44]:44s} {t['bias'][step]:+6.1f} / {t['bias'][it]:+6.1f} %   "
+                     f"sd {t['sd'][step]:4.1f} / {t['sd'][it]:4.1f}")
+    if result["left_out"]:
+        lines.append(f"left out (not in every sweep with both errors): {', '.join(result['left_out'])}")
+    return lines
