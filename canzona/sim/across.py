@@ -14,7 +14,7 @@ apart:
   trials can know it);
 - what is left: the noise.
 
-For each sweep the goal of `canzona.sim.validate.GOAL` is then judged three ways: on the raw
+For each sweep the goal of `canzona.sim.goal.GOAL` is then judged three ways: on the raw
 errors, with every trial's bias taken out (a simulator without bias on any trial), and with the
 sweep's offset taken out as well. The biases are estimated from the same sweeps they are taken
 out of, so the second and third columns are the most favourable case: where even they miss, the
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from canzona.errors import ConfigError
-from canzona.sim.validate import GOAL, HEADLINE, _error_stats, meets_goal
+from canzona.sim.goal import GOAL, HEADLINE, error_stats, meets_goal
 
 KINDS = ("raw", "bias_removed", "bias_and_offset_removed")
 
@@ -79,7 +79,7 @@ def decompose(sweeps: Sequence[tuple[str, list[dict[str, Any]]]]) -> dict[str, A
 
 def _judged(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per method, the median and worst |error| of each headline metric, and the goal."""
-    by_method = [{"method": m, **_error_stats([r for r in rows if r["method"] == m], HEADLINE)}
+    by_method = [{"method": m, **error_stats([r for r in rows if r["method"] == m], HEADLINE)}
                  for m in sorted({r["method"] for r in rows})]
     return {"goal_met": meets_goal(by_method), "by_method": by_method}
 
@@ -91,10 +91,11 @@ def render(result: dict[str, Any]) -> list[str]:
     lines = [f"{len(result['sweeps'])} sweeps, {len(result['trials'])} trials in all of them; goal per method: "
              f"median |err| <= {goal['median_abs_error_pct']:g}% and worst <= {goal['worst_abs_error_pct']:g}%, "
              "optimizer step and iteration"]
-    lines.append(f"{'sweep':40s} {'offset step/iter':>17s}  {'raw':>4s}  {'bias out':>8s}  {'bias+offset out':>15s}")
+    width = max(len("sweep"), *(len(s["label"]) for s in result["sweeps"]))
+    lines.append(f"{'sweep':{width}s} {'offset step/iter':>17s}  {'raw':>4s}  {'bias out':>8s}  {'bias+offset out':>15s}")
     for s in result["sweeps"]:
         met = ["met" if s[k]["goal_met"] else "miss" for k in KINDS]
-        lines.append(f"{s['label'][-40:]:40s} {s['offset'][step]:+7.1f}/{s['offset'][it]:+6.1f} %  "
+        lines.append(f"{s['label']:{width}s} {s['offset'][step]:+7.1f}/{s['offset'][it]:+6.1f} %  "
                      f"{met[0]:>4s}  {met[1]:>8s}  {met[2]:>15s}")
     sd = result["median_sd"]
     lines.append(f"a trial's error moves between sweeps by {sd[step]:.1f}% (step) and {sd[it]:.1f}% (iteration), "

@@ -61,10 +61,10 @@ from canzona.records import (
     read_summary,
 )
 from canzona.schema_doc import setting
+from canzona.sim.goal import GOAL, HEADLINE, error_stats, meets_goal
 from canzona.sim.simulate import project
 
 METRICS = ("optimizer_step_ms", "iteration_ms", "param_sync_ms", "grad_reduce_ms")
-HEADLINE = ("optimizer_step_ms", "iteration_ms")
 ADJUSTED = ("optimizer_step_ms",)
 MIN_MEASURED_MS = 0.5  # below this a relative error means nothing (an empty phase)
 
@@ -183,9 +183,6 @@ def trial_dirs(sweep_dir: str | Path) -> list[Path]:
     return out
 
 
-GOAL = {"median_abs_error_pct": 10.0, "worst_abs_error_pct": 25.0}  # per method, step and iteration, per trial
-
-
 # the probes a calibration and a trial may both record, the loaded machine's first
 SPEED_PROBES = ("speed_probe_all_cores_flops_per_s", "speed_probe_flops_per_s")
 
@@ -243,30 +240,6 @@ def per_trial(rows: list[dict[str, Any]], sweep_speed: float | None = None) -> l
     return out
 
 
-def _error_stats(sub: list[dict[str, Any]], metrics: tuple[str, ...]) -> dict[str, Any]:
-    """``trials`` and, per metric with an error figure, the median and worst |error| and the
-    worst trial."""
-    out: dict[str, Any] = {"trials": len(sub)}
-    for m in metrics:
-        errs = [(abs(r[f"{m}_error_pct"]), r) for r in sub if r.get(f"{m}_error_pct") is not None]
-        if not errs:
-            continue
-        worst = max(errs, key=lambda e: e[0])
-        out[f"{m}_median_abs_error_pct"] = statistics.median(e for e, _ in errs)
-        out[f"{m}_worst_abs_error_pct"] = worst[0]
-        out[f"{m}_worst_trial"] = worst[1]["trial"]
-    return out
-
-
-def meets_goal(by_method: list[dict[str, Any]], suffix: str = "") -> bool:
-    """Whether every method's median and worst |error| of each `HEADLINE` metric (``suffix``:
-    "" raw, "_sweep_speed" at the sweep's speed) are within `GOAL`."""
-    return bool(by_method) and all(
-        m.get(f"{h}{suffix}_median_abs_error_pct", 1e9) <= GOAL["median_abs_error_pct"]
-        and m.get(f"{h}{suffix}_worst_abs_error_pct", 1e9) <= GOAL["worst_abs_error_pct"]
-        for m in by_method for h in HEADLINE)
-
-
 def trial_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """`per_trial`'s rows summed up per method and per method × layout (median and worst
     |error| of the optimizer step and the iteration, raw, speed-adjusted and at the sweep's
@@ -278,7 +251,7 @@ def trial_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     metrics = (*HEADLINE, *(f"{h}_{kind}" for kind in ("speed_adjusted", "sweep_speed") for h in HEADLINE))
 
     def stats(sub: list[dict[str, Any]]) -> dict[str, Any]:
-        return _error_stats(sub, metrics)
+        return error_stats(sub, metrics)
 
     methods = sorted({r["method"] for r in trials})
     layouts = sorted({(r["method"], r["dp"], r["tp"]) for r in trials})
@@ -298,7 +271,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     metrics = HEADLINE + tuple(f"{a}_adjusted" for a in ADJUSTED)
 
     def stats(sub: list[dict[str, Any]]) -> dict[str, Any]:
-        return _error_stats(sub, metrics)
+        return error_stats(sub, metrics)
 
     excluded = [r["trial"] for r in rows if r.get("plan_matches") is False]
     rows = [r for r in rows if r.get("plan_matches") is not False]

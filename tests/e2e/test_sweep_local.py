@@ -288,6 +288,8 @@ def test_a_sweep_calibrates_in_slices_between_its_runs(tmp_path):
     html = (tmp_path / "results" / "pair" / "report" / "index.html").read_text()
     assert 'id="predicted-errors"' in html and str(hardware) in html
     assert "the median of 2 calibrations taken in slices between the sweep's runs" in html
+    # the report keeps the calibration it predicted with: the cache's is replaced by the next one
+    assert (tmp_path / "results" / "pair" / "report" / "hardware.yaml").read_text() == hardware.read_text()
 
 
 @pytest.mark.slow
