@@ -312,12 +312,13 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, hardware:
         proj.pop("table").to_csv(out_dir / "projected.csv", index=False)
     pred = None
     if meas_ids:
-        pred = projection.predicted_section(measured, meas_ids, projection.resolve_hardware(hardware))
+        predicted_with = projection.resolve_hardware(hardware)
+        pred = projection.predicted_section(measured, meas_ids, predicted_with)
         if pred.get("result"):
             from canzona.sim.validate import to_frame
 
             to_frame(pred["result"]).to_csv(out_dir / "predicted.csv", index=False)
-            _keep_hardware(projection.resolve_hardware(hardware), out_dir / "hardware.yaml")
+            _keep_hardware(predicted_with, out_dir / "hardware.yaml")
         pred.pop("result", None)
 
     # every trial, in folder order, measured and projected
