@@ -101,6 +101,21 @@ def _same_plan(recorded: dict[str, Any], planned: dict[str, Any]) -> bool | None
     return mem is None or abs(mem - planned["imbalance"]["memory"]) <= 1e-6 * max(1.0, abs(mem))
 
 
+# a plan's execution dtype, as ``train.dtype`` names it
+_TRAIN_DTYPE = {"bfloat16": "bf16", "float32": "fp32"}
+
+
+def _in_the_dtype_it_ran(raw: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """The trial's config with ``train.dtype=auto`` pinned to the dtype its run resolved it to
+    (summary.json's ``plan.execution.dtype``): ``auto`` follows the machine (bf16 on a CPU with
+    native bf16, fp32 otherwise), and a trial is priced as it ran, whichever machine validates it."""
+    ran = _TRAIN_DTYPE.get(((summary.get("plan") or {}).get("execution") or {}).get("dtype"))
+    train = raw.get("train") or {}
+    if ran is None or train.get("dtype", "auto") != "auto":
+        return raw
+    return {**raw, "train": {**train, "dtype": ran}}
+
+
 def compare(trial_dir: str | Path, hardware: Any, projections: dict[str, Any] | None = None) -> dict[str, Any]:
     """Predicted vs measured for one recorded trial (records of any age); a flat row (plus
     ``phases``). ``projections``: predictions already made, by config (the repetitions of a
@@ -109,8 +124,8 @@ def compare(trial_dir: str | Path, hardware: Any, projections: dict[str, Any] | 
     hw = load_hardware(hardware)
     raw = read_config(yaml.safe_load((trial_dir / CONFIG_FILE).read_text()))
     raw.pop("out", None)
-    cfg = load_config(base=raw)
     summary = read_summary(json.loads((trial_dir / SUMMARY_FILE).read_text()))
+    cfg = load_config(base=_in_the_dtype_it_ran(raw, summary))
     steps = read_jsonl(trial_dir / STEPS_FILE) if (trial_dir / STEPS_FILE).exists() else []
     key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
     pred = (projections or {}).get(key)

@@ -457,6 +457,20 @@ def test_compare_reports_signed_percent_errors(tmp_path: Path) -> None:
     assert res["overall"]["optimizer_step_ms_worst_trial"] == "t2"
 
 
+def test_a_trial_is_priced_in_the_dtype_its_run_resolved(tmp_path: Path) -> None:
+    """``train.dtype=auto`` follows the machine (bf16 on CUDA and on a CPU with native bf16): a
+    record is priced in the dtype its run took (summary.json's ``plan.execution.dtype``), not in
+    what auto would mean where it is validated."""
+    overrides = TINY + ["parallel.dp=2", "method=canzona"]
+    d = _fake_trial(tmp_path, "t1", overrides, 1.0)
+    summary = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**summary, "plan": {"execution": {"dtype": "float32"}}}))
+    as_run = project(load_config([*overrides, "train.dtype=fp32"]), toy_hardware(), events="none")
+    here = project(load_config(overrides), toy_hardware(), events="none")  # auto: bf16 on the toy's CUDA
+    assert as_run["iteration_ms"] != here["iteration_ms"]
+    assert compare(d, toy_hardware())["iteration_ms_predicted"] == as_run["iteration_ms"]
+
+
 def _with_probe(d: Path, trial_id: str, probe: float) -> None:
     """Give a fake trial's run a speed probe and the trial it repeats."""
     summary = json.loads((d / "summary.json").read_text())
