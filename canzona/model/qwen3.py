@@ -118,15 +118,33 @@ def make_norm(mcfg: ModelConfig, dim: int, dtype: torch.dtype) -> nn.Module:
     return RMSNorm(dim, mcfg.norm_eps, dtype)
 
 
-def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half convention, as HF Qwen3) on x [b, heads, s, head_dim]."""
-    s, hd = x.shape[-2], x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd))
-    freqs = torch.outer(torch.arange(s, dtype=torch.float32, device=x.device), inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+class RotaryTable:
+    """The rotary embedding's cos/sin tables (rotate-half convention, as HF Qwen3), one per model:
+    made on first use for a sequence length, dtype and device and kept, as megatron-core's
+    ``RotaryEmbedding`` (one per GPTModel, its forward behind an ``lru_cache``) -- not
+    recomputed for q and k in every layer. A plain object, not a module: nothing is registered."""
+
+    def __init__(self, theta: float, head_dim: int):
+        self.theta, self.head_dim = theta, head_dim
+        self._tables: dict[tuple[int, torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def tables(self, s: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (s, dtype, device)
+        if key not in self._tables:
+            hd = self.head_dim
+            with torch.no_grad():
+                inv_freq = 1.0 / (self.theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd))
+                freqs = torch.outer(torch.arange(s, dtype=torch.float32, device=device), inv_freq)
+                emb = torch.cat((freqs, freqs), dim=-1)
+                self._tables[key] = (emb.cos().to(dtype), emb.sin().to(dtype))
+        return self._tables[key]
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x [b, heads, s, head_dim] rotated by position."""
+        cos, sin = self.tables(x.shape[-2], x.dtype, x.device)
+        hd = x.shape[-1]
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 class Embedding(nn.Module):
@@ -160,7 +178,7 @@ class Embedding(nn.Module):
 
 class SelfAttention(nn.Module):
     def __init__(self, mcfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype = torch.float32,
-                 sp_group=None):
+                 sp_group=None, rotary: RotaryTable | None = None):
         super().__init__()
         self.sp_group = sp_group
         hd = mcfg.head_dim
@@ -180,7 +198,7 @@ class SelfAttention(nn.Module):
             self.q_layernorm = make_norm(mcfg, hd, dtype)
             self.k_layernorm = make_norm(mcfg, hd, dtype)
         self.qk_norm = mcfg.qk_norm
-        self.rope_theta = mcfg.rope_theta if mcfg.position == "rope" else None
+        self.rotary = rotary if mcfg.position == "rope" else None
         if sp_group is not None:
             sp.install(self.linear_qkv, "column", sp_group)
             sp.install(self.linear_proj, "row", sp_group)
@@ -203,8 +221,8 @@ class SelfAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_layernorm(q), self.k_layernorm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if self.rope_theta is not None:
-            q, k = _rope(q, self.rope_theta), _rope(k, self.rope_theta)
+        if self.rotary is not None:
+            q, k = self.rotary.apply(q), self.rotary.apply(k)
         k = k.repeat_interleave(self.q_per_group, dim=1)
         v = v.repeat_interleave(self.q_per_group, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, s, hd]
@@ -248,10 +266,10 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, mcfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype, sp_group=None,
-                 moe: dict | None = None, layer: int = 0):
+                 moe: dict | None = None, layer: int = 0, rotary: RotaryTable | None = None):
         super().__init__()
         self.input_layernorm = make_norm(mcfg, mcfg.hidden, dtype)
-        self.self_attention = SelfAttention(mcfg, mp, tp, dtype, sp_group)
+        self.self_attention = SelfAttention(mcfg, mp, tp, dtype, sp_group, rotary)
         self.pre_mlp_layernorm = make_norm(mcfg, mcfg.hidden, dtype)
         if mcfg.is_moe_layer(layer):
             shared = MLP(mcfg, mp, sp_group, mcfg.shared_expert_ffn) if mcfg.shared_expert_ffn else None
@@ -291,7 +309,9 @@ class Decoder(nn.Module):
     def __init__(self, mcfg: ModelConfig, mp: ModelParallelConfig, tp: int, dtype: torch.dtype,
                  recompute: bool = False, sp_group=None, moe: dict | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(mcfg, mp, tp, dtype, sp_group, moe, i) for i in range(mcfg.num_layers))
+        rotary = RotaryTable(mcfg.rope_theta, mcfg.head_dim) if mcfg.position == "rope" else None
+        self.layers = nn.ModuleList(DecoderLayer(mcfg, mp, tp, dtype, sp_group, moe, i, rotary)
+                                    for i in range(mcfg.num_layers))
         self.final_layernorm = make_norm(mcfg, mcfg.hidden, dtype)
         self.recompute = recompute
 

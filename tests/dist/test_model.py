@@ -220,6 +220,9 @@ def test_names_shapes_reference_and_roundtrip(single_rank, key):
     want.backward()
     assert abs(loss.item() - want.item()) <= 1e-5 * want.item(), (loss.item(), want.item())
     assert abs(want.item() - math.log(cfg.vocab)) > 0.1  # the weights matter
+    # one rotary table per model, made once for the sequence length (as megatron-core's cached one)
+    tables = {id(layer.self_attention.rotary) for layer in model.decoder.layers}
+    assert len(tables) == 1 and len(model.decoder.layers[0].self_attention.rotary._tables) == 1
     grads = {n: p.grad for n, p in model.named_parameters()}
     _assert_close_dicts(grads, {k: v.grad.float() for k, v in ref_w.items()}, 1e-4, "grads vs reference")
     with pytest.raises(KeyError):
