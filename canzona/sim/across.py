@@ -14,6 +14,12 @@ apart:
   trials can know it);
 - what is left: the noise.
 
+The same split, in milliseconds, per phase of the executor's timer (forward, backward, the
+gradient reductions' tail, the step's gather / compute / scatter / apply, the parameter sync,
+...): a trial's phase whose mean error over the sweeps is beyond twice its standard error (and at
+least `PHASE_MIN_MS`) is one the simulator gets wrong on that trial, and a phase wrong the same
+way on most trials names what to model next.
+
 For each sweep the goal of `canzona.sim.goal.GOAL` is then judged three ways: on the raw
 errors, with every trial's bias taken out (a simulator without bias on any trial), and with the
 sweep's offset taken out as well. The biases are estimated from the same sweeps they are taken
@@ -23,6 +29,7 @@ machine, not the simulator, sets the bound.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +38,7 @@ from canzona.errors import ConfigError
 from canzona.sim.goal import GOAL, HEADLINE, error_stats, meets_goal
 
 KINDS = ("raw", "bias_removed", "bias_and_offset_removed")
+PHASE_MIN_MS = 0.5  # a phase's mean error below this is nothing to model, whatever its spread
 
 
 def decompose(sweeps: Sequence[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
@@ -67,14 +75,47 @@ def decompose(sweeps: Sequence[tuple[str, list[dict[str, Any]]]]) -> dict[str, A
                                    for t in common])
         out_sweeps.append(entry)
     first = usable[0]
+    phases = {t: phase_bias([u[t] for u in usable]) for t in common}
     return {
         "goal": GOAL,
-        "trials": [{"trial": t, **{c: first[t][c] for c in ("method", "dp", "tp")}, "bias": bias[t], "sd": sd[t]}
-                   for t in common],
+        "trials": [{"trial": t, **{c: first[t][c] for c in ("method", "dp", "tp")}, "bias": bias[t], "sd": sd[t],
+                    "phases": phases[t]} for t in common],
         "median_sd": {m: statistics.median(sd[t][m] for t in common) for m in HEADLINE},
+        "phases": phase_summary(list(phases.values())),
         "sweeps": out_sweeps,
         "left_out": sorted(every - set(common)),
     }
+
+
+def phase_bias(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """One trial's rows, one per sweep (`per_trial`'s, with ``phases``): per phase measured in
+    every sweep, the mean predicted and measured milliseconds, their difference's mean
+    (``bias_ms``: predicted - measured) and standard deviation over the sweeps, and ``off``: -1
+    (under-predicted), +1 (over) or 0 -- off when the mean difference is at least `PHASE_MIN_MS`
+    and beyond twice its standard error (sd / sqrt(sweeps))."""
+    out: dict[str, dict[str, Any]] = {}
+    names = set.intersection(*(set(r.get("phases") or {}) for r in rows))
+    for ph in sorted(names):
+        pairs = [(r["phases"][ph]["predicted"], r["phases"][ph]["measured"]) for r in rows]
+        if any(p is None or m is None for p, m in pairs):
+            continue
+        diff = [p - m for p, m in pairs]
+        mean, sd = statistics.fmean(diff), statistics.stdev(diff)
+        off = abs(mean) >= PHASE_MIN_MS and abs(mean) > 2.0 * sd / math.sqrt(len(diff))
+        out[ph] = {"predicted_ms": statistics.fmean(p for p, _ in pairs), "measured_ms": statistics.fmean(m for _, m in pairs),
+                   "bias_ms": mean, "sd_ms": sd, "off": (1 if mean > 0 else -1) if off else 0}
+    return out
+
+
+def phase_summary(trials: Sequence[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per phase, over the trials that have it: how many it is under- and over-predicted on
+    (`phase_bias`'s ``off``) and the median bias; most often off first."""
+    out = []
+    for ph in sorted({ph for t in trials for ph in t}):
+        got = [t[ph] for t in trials if ph in t]
+        out.append({"phase": ph, "trials": len(got), "under": sum(g["off"] < 0 for g in got),
+                    "over": sum(g["off"] > 0 for g in got), "median_bias_ms": statistics.median(g["bias_ms"] for g in got)})
+    return sorted(out, key=lambda p: (-(p["under"] + p["over"]), p["phase"]))
 
 
 def _judged(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -104,6 +145,12 @@ def render(result: dict[str, Any]) -> list[str]:
     for t in sorted(result["trials"], key=lambda t: -max(abs(v) for v in t["bias"].values())):
         lines.append(f"  {t['trial'][:44]:44s} {t['bias'][step]:+6.1f} / {t['bias'][it]:+6.1f} %   "
                      f"sd {t['sd'][step]:4.1f} / {t['sd'][it]:4.1f}")
+    lines.append("per phase (predicted - measured, ms; off on a trial where its mean over the sweeps is beyond twice "
+                 "its standard error):")
+    for p in result["phases"]:
+        if p["under"] or p["over"]:
+            lines.append(f"  {p['phase']:12s} under-predicted on {p['under']:2d}, over on {p['over']:2d} of "
+                         f"{p['trials']} trials (median {p['median_bias_ms']:+.1f} ms)")
     if result["left_out"]:
         lines.append(f"left out (not in every sweep with both errors): {', '.join(result['left_out'])}")
     return lines

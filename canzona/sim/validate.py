@@ -247,11 +247,25 @@ def per_trial(rows: list[dict[str, Any]], sweep_speed: float | None = None) -> l
             row[f"{m}_speed_adjusted_error_pct"] = _error(row[f"{m}_speed_adjusted"], row[f"{m}_measured"])
             row[f"{m}_sweep_speed"] = row[f"{m}_predicted"] * sweep_speed if sweep_speed else None
             row[f"{m}_sweep_speed_error_pct"] = _error(row[f"{m}_sweep_speed"], row[f"{m}_measured"])
+        row["phases"] = _trial_phases(rs)
         steps = [r["optimizer_step_ms_measured"] for r in rs if r.get("optimizer_step_ms_measured")]
         row["step_run_spread"] = max(steps) / min(steps) if steps else None
         row["plan_matches"] = None if any(r.get("plan_matches") is None for r in rs) else all(
             r["plan_matches"] for r in rs)
         out.append(row)
+    return out
+
+
+def _trial_phases(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per phase of the executor's timer, the prediction (one per trial) and the median over the
+    runs of what each measured (max over ranks, median over steps: `_measured_phases`)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for ph in PHASES:
+        seen = [r["phases"][ph] for r in runs if ph in (r.get("phases") or {})]
+        if not seen:
+            continue
+        meas = [p["measured"] for p in seen if p.get("measured") is not None]
+        out[ph] = {"predicted": seen[0]["predicted"], "measured": statistics.median(meas) if meas else None}
     return out
 
 

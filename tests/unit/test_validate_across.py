@@ -11,7 +11,7 @@ import yaml
 from test_sim import TINY, _fake_trial, toy_hardware
 
 from canzona.errors import ConfigError
-from canzona.sim.across import decompose
+from canzona.sim.across import decompose, render
 from canzona.sim.validate import REPORT_HARDWARE, main
 
 
@@ -46,6 +46,40 @@ def test_bias_offset_and_noise_come_apart() -> None:
     assert worst["a"]["optimizer_step_ms_worst_abs_error_pct"] == pytest.approx(34.0)
 
 
+def test_a_phase_is_off_where_its_mean_error_is_beyond_twice_its_standard_error() -> None:
+    """Three sweeps of two trials, phases in ms (predicted, measured per sweep): t1's gradient
+    tail is 5 ms short in every sweep (sd 1: off, under), its compute right on average; t2's tail
+    is 0.2 ms off at most (under `PHASE_MIN_MS`), its compute 2 ms over on average but scattered
+    by 10 ms (within twice its standard error: not off); a phase missing from one sweep is left out."""
+    measured = {"t1": {"grad_reduce": (8.0, [12.0, 13.0, 14.0]), "compute": (10.0, [9.0, 11.0, 10.0])},
+                "t2": {"grad_reduce": (8.0, [8.2, 7.8, 8.0]), "compute": (10.0, [0.0, 20.0, 4.0])}}
+    sweeps = []
+    for k in range(3):
+        rows = _rows({"t1": ("a", 1.0, 1.0), "t2": ("a", 1.0, 1.0)})
+        for r in rows:
+            r["phases"] = {ph: {"predicted": p, "measured": m[k]} for ph, (p, m) in measured[r["trial"]].items()}
+            if k == 1:
+                r["phases"]["apply"] = {"predicted": 1.0, "measured": 5.0}
+        sweeps.append((f"s{k}", rows))
+    out = decompose(sweeps)
+    got = {t["trial"]: t["phases"] for t in out["trials"]}
+    assert set(got["t1"]) == set(got["t2"]) == {"grad_reduce", "compute"}
+    assert got["t1"]["grad_reduce"]["bias_ms"] == pytest.approx(-5.0)
+    assert got["t1"]["grad_reduce"]["sd_ms"] == pytest.approx(1.0)
+    assert got["t1"]["grad_reduce"]["measured_ms"] == pytest.approx(13.0)
+    assert [got["t1"]["grad_reduce"]["off"], got["t1"]["compute"]["off"]] == [-1, 0]
+    assert got["t2"]["compute"]["bias_ms"] == pytest.approx(2.0)
+    assert [got["t2"]["grad_reduce"]["off"], got["t2"]["compute"]["off"]] == [0, 0]
+    summary = {p["phase"]: p for p in out["phases"]}
+    assert out["phases"][0]["phase"] == "grad_reduce"  # most often off first
+    assert (summary["grad_reduce"]["under"], summary["grad_reduce"]["over"], summary["grad_reduce"]["trials"]) == (1, 0, 2)
+    assert summary["grad_reduce"]["median_bias_ms"] == pytest.approx(-2.5)
+    assert (summary["compute"]["under"], summary["compute"]["over"]) == (0, 0)
+    text = "\n".join(render(out))
+    assert "grad_reduce  under-predicted on  1, over on  0 of 2 trials (median -2.5 ms)" in text
+    assert "compute " not in text.split("per phase")[1]  # off on no trial: not listed
+
+
 def test_one_sweep_or_no_common_trial_is_refused() -> None:
     with pytest.raises(ConfigError, match="at least two"):
         decompose([("s0", _rows({"t1": ("a", 1.0, 1.0)}))])
@@ -74,6 +108,8 @@ def test_the_command_reads_each_sweeps_own_hardware(tmp_path: Path, capsys) -> N
     assert bias == pytest.approx({"canzona-a": -20.0, "sync-b": 12.5})
     assert [s["label"] for s in out["sweeps"]] == [str(one), str(two)]
     assert [s["offset"]["optimizer_step_ms"] for s in out["sweeps"]] == pytest.approx([6.25, -6.25])
+    compute = {t["trial"]: t["phases"]["compute"] for t in out["trials"]}  # each run's phases, scaled alike
+    assert compute["canzona-a"]["measured_ms"] == pytest.approx(1.25 * compute["canzona-a"]["predicted_ms"])
     assert main(["across", str(one), str(two)]) == 0
     text = capsys.readouterr().out
     assert "2 sweeps, 2 trials in all of them" in text and "canzona-a" in text
