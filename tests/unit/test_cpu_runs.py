@@ -1,8 +1,8 @@
-"""The six fresh-clone runs of the README's first command on the 2-core development VM
+"""The fresh-clone runs of the README's first command on the 2-core development VMs
 (validation/cpu_runs/), set side by side by `python -m canzona.sim.validate across`: the
-decomposition docs/results.md records (§ Predicted against measured, "Six fresh clones side by
-side") must still hold. When the simulator changes these predictions, update that paragraph
-with this test."""
+decompositions docs/results.md records (§ Predicted against measured, "Six fresh clones side by
+side" and "Two more fresh clones, on a faster machine") must still hold. When the simulator
+changes these predictions, update those paragraphs with this test."""
 
 from __future__ import annotations
 
@@ -16,15 +16,16 @@ from canzona import CHECKOUT
 from canzona.sim.across import decompose
 from canzona.sim.validate import REPORT_HARDWARE, compare_sweep
 
-pytestmark = pytest.mark.slow  # six sweeps of 80 runs priced: about 30 s
+pytestmark = pytest.mark.slow  # eight sweeps of 80 runs priced: about 40 s
 RUNS = CHECKOUT / "validation" / "cpu_runs"
-ORDER = ("5d4d695", "e715d84", "753b23a", "641a3f0-a", "641a3f0-b", "466175a")  # as they ran
+ORDER = ("5d4d695", "e715d84", "753b23a", "641a3f0-a", "641a3f0-b", "466175a")  # sessions 7-9, as they ran
+LATER = ("155c792", "66f424d")  # the eleventh session's, on a faster machine of the same kind
 
 
 @pytest.fixture(scope="module")
-def across(tmp_path_factory) -> dict:
-    """The decomposition, each trial re-planned with the kernel timings its run planned with
-    (validation/cpu_runs/planner_costs.yaml, the VM's planner cache, filed here under this
+def priced(tmp_path_factory) -> dict[str, list[dict]]:
+    """Each sweep's per-trial rows, each trial re-planned with the kernel timings its run planned
+    with (validation/cpu_runs/planner_costs.yaml, the VM's planner cache, filed here under this
     machine's name): on another CPU its own timings could deal canzona's matrices otherwise, and
     such a trial is left out as planned differently."""
     from canzona.calibrate.cache import ENV, this_device
@@ -34,14 +35,24 @@ def across(tmp_path_factory) -> dict:
     for threads in range(1, (os.cpu_count() or 1) + 1):  # as many as a rank of these trials takes here
         ident = this_device("cpu", threads)
         (cache / ident.file_name()).write_text(yaml.safe_dump({**costs, "identity": ident.as_dict()}, sort_keys=False))
-    dirs = [RUNS / f"readme-sweep-{name}" for name in ORDER]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENV, str(cache))
-        return decompose([(d.name, compare_sweep(d, d / REPORT_HARDWARE)["per_trial"]["trials"]) for d in dirs])
+        return {name: compare_sweep(RUNS / f"readme-sweep-{name}", RUNS / f"readme-sweep-{name}" / REPORT_HARDWARE)
+                ["per_trial"]["trials"] for name in (*ORDER, *LATER)}
+
+
+@pytest.fixture(scope="module")
+def across(priced) -> dict:
+    return decompose([(f"readme-sweep-{name}", priced[name]) for name in ORDER])
+
+
+@pytest.fixture(scope="module")
+def across_all(priced) -> dict:
+    return decompose([(f"readme-sweep-{name}", priced[name]) for name in (*ORDER, *LATER)])
 
 
 def test_the_records_are_the_readme_sweep_on_two_cores() -> None:
-    for name in ORDER:
+    for name in (*ORDER, *LATER):
         trials = [d for d in (RUNS / f"readme-sweep-{name}").iterdir() if (d / "summary.json").is_file()]
         assert len(trials) == 80, name  # 16 trials x 5 runs
         summary = json.loads(trials[0].joinpath("summary.json").read_text())
@@ -75,3 +86,39 @@ def test_the_largest_biases_are_the_documented_ones(across) -> None:
                      "8b-canzona-muon-dp2tp2"}
     assert all(-12.0 <= bias[t] <= -10.0 for t in large)
     assert sum(bias.values()) / len(bias) == pytest.approx(-5.0, abs=0.1)
+
+
+def _goal_by_method(rows: list[dict]) -> dict[str, tuple[bool, bool]]:
+    """Per method, whether the optimizer step and the iteration each meet the goal (raw)."""
+    from canzona.sim.goal import GOAL, HEADLINE, error_stats
+
+    out = {}
+    for m in sorted({r["method"] for r in rows}):
+        stats = error_stats([r for r in rows if r["method"] == m], HEADLINE)
+        out[m] = tuple(stats[f"{h}_median_abs_error_pct"] <= GOAL["median_abs_error_pct"]
+                       and stats[f"{h}_worst_abs_error_pct"] <= GOAL["worst_abs_error_pct"] for h in HEADLINE)
+    return out
+
+
+def test_the_faster_machines_runs_meet_the_goal_in_part(priced) -> None:
+    """The eleventh session's two fresh clones: at 155c792 every method's iteration met the goal
+    and the step of layerwise and sync; at 66f424d the step of canzona, layerwise and sync, the
+    iteration of AdamW and sync. AdamW's step missed on both."""
+    assert _goal_by_method(priced["155c792"]) == {
+        "adamw": (False, True), "canzona": (False, True), "layerwise": (True, True), "sync": (True, True)}
+    assert _goal_by_method(priced["66f424d"]) == {
+        "adamw": (False, True), "canzona": (True, False), "layerwise": (True, False), "sync": (True, True)}
+
+
+def test_eight_runs_bound_and_the_phase_every_trial_misses(across_all) -> None:
+    """All eight side by side: still no run meets the goal raw, and a simulator without any
+    bias would meet it on three of eight; the gradient reductions' tail after the backward is
+    under-predicted on every one of the 16 trials, by about 9 ms (median)."""
+    sweeps = across_all["sweeps"]
+    assert len(across_all["trials"]) == 16 and not across_all["left_out"]
+    assert not any(s["raw"]["goal_met"] for s in sweeps)
+    assert sum(s["bias_removed"]["goal_met"] for s in sweeps) == 3
+    phases = {p["phase"]: p for p in across_all["phases"]}
+    assert (phases["grad_reduce"]["under"], phases["grad_reduce"]["over"], phases["grad_reduce"]["trials"]) == (16, 0, 16)
+    assert -11.0 <= phases["grad_reduce"]["median_bias_ms"] <= -7.0
+    assert across_all["phases"][0]["phase"] == "grad_reduce"
