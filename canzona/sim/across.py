@@ -18,7 +18,11 @@ The same split, in milliseconds, per phase of the executor's timer (forward, bac
 gradient reductions' tail, the step's gather / compute / scatter / apply, the parameter sync,
 ...): a trial's phase whose mean error over the sweeps is beyond twice its standard error (and at
 least `PHASE_MIN_MS`) is one the simulator gets wrong on that trial, and a phase wrong the same
-way on most trials names what to model next.
+way on most trials names what to model next. Each measured phase is the slowest rank's, as the
+records take it, where the simulator's ranks run in lockstep: ranks that drift apart inside one
+iteration show a longer backward on one rank and a longer wait on the other, both counted,
+while the iteration (one rank's span) is not longer; the phases' errors need not add up to the
+iteration's.
 
 For each sweep the goal of `canzona.sim.goal.GOAL` is then judged three ways: on the raw
 errors, with every trial's bias taken out (a simulator without bias on any trial), and with the
@@ -146,7 +150,7 @@ def render(result: dict[str, Any]) -> list[str]:
         lines.append(f"  {t['trial'][:44]:44s} {t['bias'][step]:+6.1f} / {t['bias'][it]:+6.1f} %   "
                      f"sd {t['sd'][step]:4.1f} / {t['sd'][it]:4.1f}")
     lines.append("per phase (predicted - measured, ms; off on a trial where its mean over the sweeps is beyond twice "
-                 "its standard error):")
+                 "its standard error; each phase the slowest rank's, so their errors need not add up to the iteration's):")
     for p in result["phases"]:
         if p["under"] or p["over"]:
             lines.append(f"  {p['phase']:12s} under-predicted on {p['under']:2d}, over on {p['over']:2d} of "
