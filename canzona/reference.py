@@ -63,7 +63,7 @@ def _simulate_keys() -> list[tuple[str, list[KeyDoc]]]:
 
 COMMANDS: tuple[Command, ...] = (
     Command("canzona.run", "python -m canzona.run [key=value ...] out=DIR [--overwrite]",
-            "Run one trial: dp x tp ranks train the Qwen3 shard for train.warmup + train.steps steps and rank 0 "
+            "Run one trial: dp x tp ranks train their shards of the model for train.warmup + train.steps steps and rank 0 "
             "writes the records into out. --overwrite replaces the records an earlier run left in out. "
             "With dist.dry_run=true the listed ranks run on fake CUDA devices instead.", _trial_keys),
     Command("canzona.plan", "python -m canzona.plan [key=value ...] [--json | --program RANK]",
