@@ -69,14 +69,16 @@ ADJUSTED = ("optimizer_step_ms",)
 MIN_MEASURED_MS = 0.5  # below this a relative error means nothing (an empty phase)
 
 
-def _measured_phases(steps: list[dict[str, Any]]) -> dict[str, float]:
+def _measured_phases(steps: list[dict[str, Any]], over_ranks: Any = max) -> dict[str, float]:
+    """Per phase, the median over the measured steps of ``over_ranks`` (the slowest rank, as the
+    records' summaries take it, or e.g. `statistics.fmean`) of the ranks' milliseconds."""
     by_step: dict[int, list[dict[str, Any]]] = {}
     for r in steps:
         if r.get("measured"):
             by_step.setdefault(r["step"], []).append(r)
     out = {}
     for p in PHASES:
-        vals = [max(float(r.get(f"{p}_ms") or 0.0) for r in rows) for rows in by_step.values()]
+        vals = [over_ranks([float(r.get(f"{p}_ms") or 0.0) for r in rows]) for rows in by_step.values()]
         if vals:
             out[p] = statistics.median(vals)
     return out
@@ -162,9 +164,15 @@ def compare(trial_dir: str | Path, hardware: Any, projections: dict[str, Any] | 
         adj = row[f"{m}_predicted"] * row["speed_factor"] if row["speed_factor"] else None
         row[f"{m}_speed_adjusted"] = adj
         row[f"{m}_speed_adjusted_error_pct"] = _error(adj, row[f"{m}_measured"])
+    # each phase as the summaries take it (the slowest rank's) and as the mean over the ranks: the
+    # simulator's ranks run in lockstep, so ranks that drift apart within an iteration lengthen
+    # one rank's phase and another's wait, and only the mean compares like with like
+    # (docs/results.md, "the gradient reductions' tail is the ranks' drift")
+    measured_means = _measured_phases(steps, statistics.fmean)
     row["phases"] = {
         ph: {"predicted": pred["phases_ms"][ph], "measured": measured_phases.get(ph),
-             "error_pct": _error(pred["phases_ms"][ph], measured_phases.get(ph))}
+             "error_pct": _error(pred["phases_ms"][ph], measured_phases.get(ph)),
+             "predicted_mean": pred["phases_ms_mean"][ph], "measured_mean": measured_means.get(ph)}
         for ph in PHASES if ph in measured_phases or pred["phases_ms"][ph] > 0
     }
     row["assumptions"] = pred["assumptions"]
@@ -258,14 +266,17 @@ def per_trial(rows: list[dict[str, Any]], sweep_speed: float | None = None) -> l
 
 def _trial_phases(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     """Per phase of the executor's timer, the prediction (one per trial) and the median over the
-    runs of what each measured (max over ranks, median over steps: `_measured_phases`)."""
+    runs of what each measured, the slowest rank's (``measured``) and the mean over the ranks
+    (``measured_mean``), each the median over the run's steps (`_measured_phases`)."""
     out: dict[str, dict[str, float | None]] = {}
     for ph in PHASES:
         seen = [r["phases"][ph] for r in runs if ph in (r.get("phases") or {})]
         if not seen:
             continue
-        meas = [p["measured"] for p in seen if p.get("measured") is not None]
-        out[ph] = {"predicted": seen[0]["predicted"], "measured": statistics.median(meas) if meas else None}
+        out[ph] = {"predicted": seen[0]["predicted"], "predicted_mean": seen[0].get("predicted_mean")}
+        for key in ("measured", "measured_mean"):
+            meas = [p[key] for p in seen if p.get(key) is not None]
+            out[ph][key] = statistics.median(meas) if meas else None
     return out
 
 

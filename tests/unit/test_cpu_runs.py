@@ -110,15 +110,22 @@ def test_the_faster_machines_runs_meet_the_goal_in_part(priced) -> None:
         "adamw": (False, True), "canzona": (True, False), "layerwise": (True, False), "sync": (True, True)}
 
 
-def test_eight_runs_bound_and_the_phase_every_trial_misses(across_all) -> None:
+def test_eight_runs_bound_and_what_the_phases_say(across_all) -> None:
     """All eight side by side: still no run meets the goal raw, and a simulator without any
-    bias would meet it on three of eight; the gradient reductions' tail after the backward is
-    under-predicted on every one of the 16 trials, by about 9 ms (median)."""
+    bias would meet it on three of eight. Per phase, against the slowest rank's phase (as the
+    summaries take it) the gradient reductions' tail is under-predicted on every trial by about
+    9 ms and the backward by about 6: the ranks' drift, counted twice. Against the mean over the
+    ranks the backward is right (median within 1 ms), the tail short by about 3 ms, and the
+    parameter sync the phase most over-predicted (the gathers' CPU charged at their issue)."""
     sweeps = across_all["sweeps"]
     assert len(across_all["trials"]) == 16 and not across_all["left_out"]
     assert not any(s["raw"]["goal_met"] for s in sweeps)
     assert sum(s["bias_removed"]["goal_met"] for s in sweeps) == 3
     phases = {p["phase"]: p for p in across_all["phases"]}
-    assert (phases["grad_reduce"]["under"], phases["grad_reduce"]["over"], phases["grad_reduce"]["trials"]) == (16, 0, 16)
-    assert -11.0 <= phases["grad_reduce"]["median_bias_ms"] <= -7.0
-    assert across_all["phases"][0]["phase"] == "grad_reduce"
+    slowest_tail = [t["phases"]["grad_reduce"]["slowest_bias_ms"] for t in across_all["trials"]]
+    assert all(b < -3.0 for b in slowest_tail) and -11.0 <= phases["grad_reduce"]["median_slowest_bias_ms"] <= -7.0
+    assert phases["backward"]["median_slowest_bias_ms"] < -4.0 and abs(phases["backward"]["median_bias_ms"]) < 1.0
+    assert phases["grad_reduce"]["over"] == 0 and phases["grad_reduce"]["under"] >= 10
+    assert -4.0 <= phases["grad_reduce"]["median_bias_ms"] <= -1.5
+    assert (phases["param_sync"]["under"], phases["param_sync"]["over"]) == (0, 11)
+    assert 3.0 <= phases["param_sync"]["median_bias_ms"] <= 7.0

@@ -47,24 +47,27 @@ def test_bias_offset_and_noise_come_apart() -> None:
 
 
 def test_a_phase_is_off_where_its_mean_error_is_beyond_twice_its_standard_error() -> None:
-    """Three sweeps of two trials, phases in ms (predicted, measured per sweep): t1's gradient
-    tail is 5 ms short in every sweep (sd 1: off, under), its compute right on average; t2's tail
-    is 0.2 ms off at most (under `PHASE_MIN_MS`), its compute 2 ms over on average but scattered
-    by 10 ms (within twice its standard error: not off); a phase missing from one sweep is left out."""
+    """Three sweeps of two trials, phases in ms (predicted, measured per sweep, each the mean over
+    the ranks; the slowest rank's reads 3 ms more): t1's gradient tail is 5 ms short in every
+    sweep (sd 1: off, under), its compute right on average; t2's tail is 0.2 ms off at most
+    (under `PHASE_MIN_MS`), its compute 2 ms over on average but scattered by 10 ms (within
+    twice its standard error: not off); a phase missing from one sweep is left out."""
     measured = {"t1": {"grad_reduce": (8.0, [12.0, 13.0, 14.0]), "compute": (10.0, [9.0, 11.0, 10.0])},
                 "t2": {"grad_reduce": (8.0, [8.2, 7.8, 8.0]), "compute": (10.0, [0.0, 20.0, 4.0])}}
     sweeps = []
     for k in range(3):
         rows = _rows({"t1": ("a", 1.0, 1.0), "t2": ("a", 1.0, 1.0)})
         for r in rows:
-            r["phases"] = {ph: {"predicted": p, "measured": m[k]} for ph, (p, m) in measured[r["trial"]].items()}
+            r["phases"] = {ph: {"predicted_mean": p, "measured_mean": m[k], "predicted": p, "measured": m[k] + 3.0}
+                           for ph, (p, m) in measured[r["trial"]].items()}
             if k == 1:
-                r["phases"]["apply"] = {"predicted": 1.0, "measured": 5.0}
+                r["phases"]["apply"] = {"predicted_mean": 1.0, "measured_mean": 5.0, "predicted": 1.0, "measured": 5.0}
         sweeps.append((f"s{k}", rows))
     out = decompose(sweeps)
     got = {t["trial"]: t["phases"] for t in out["trials"]}
     assert set(got["t1"]) == set(got["t2"]) == {"grad_reduce", "compute"}
     assert got["t1"]["grad_reduce"]["bias_ms"] == pytest.approx(-5.0)
+    assert got["t1"]["grad_reduce"]["slowest_bias_ms"] == pytest.approx(-8.0)
     assert got["t1"]["grad_reduce"]["sd_ms"] == pytest.approx(1.0)
     assert got["t1"]["grad_reduce"]["measured_ms"] == pytest.approx(13.0)
     assert [got["t1"]["grad_reduce"]["off"], got["t1"]["compute"]["off"]] == [-1, 0]
@@ -74,10 +77,25 @@ def test_a_phase_is_off_where_its_mean_error_is_beyond_twice_its_standard_error(
     assert out["phases"][0]["phase"] == "grad_reduce"  # most often off first
     assert (summary["grad_reduce"]["under"], summary["grad_reduce"]["over"], summary["grad_reduce"]["trials"]) == (1, 0, 2)
     assert summary["grad_reduce"]["median_bias_ms"] == pytest.approx(-2.5)
+    assert summary["grad_reduce"]["median_slowest_bias_ms"] == pytest.approx(-5.5)
     assert (summary["compute"]["under"], summary["compute"]["over"]) == (0, 0)
     text = "\n".join(render(out))
-    assert "grad_reduce  under-predicted on  1, over on  0 of 2 trials (median -2.5 ms)" in text
+    assert "grad_reduce  under-predicted on  1, over on  0 of 2 trials (median -2.5 ms [-5.5 ms])" in text
     assert "compute " not in text.split("per phase")[1]  # off on no trial: not listed
+
+
+def test_a_measured_phase_is_taken_per_step_over_the_ranks_then_the_median_over_steps() -> None:
+    """Two ranks that drift apart: the slowest rank's backward and the mean over the ranks differ."""
+    import statistics
+
+    from canzona.sim.validate import _measured_phases
+
+    steps = [{"step": s, "measured": s > 0, "rank": r, "backward_ms": b, "grad_reduce_ms": g}
+             for s, pairs in enumerate([((99, 0), (99, 0)), ((10, 9), (20, 1)), ((12, 8), (14, 4)), ((10, 5), (10, 5))])
+             for r, (b, g) in enumerate(pairs)]
+    slowest, mean = _measured_phases(steps), _measured_phases(steps, statistics.fmean)
+    assert (slowest["backward"], slowest["grad_reduce"]) == (14, 8)  # medians of 20, 14, 10 and 9, 8, 5
+    assert (mean["backward"], mean["grad_reduce"]) == (13, 5)  # of 15, 13, 10 and 5, 6, 5
 
 
 def test_one_sweep_or_no_common_trial_is_refused() -> None:
@@ -110,6 +128,7 @@ def test_the_command_reads_each_sweeps_own_hardware(tmp_path: Path, capsys) -> N
     assert [s["offset"]["optimizer_step_ms"] for s in out["sweeps"]] == pytest.approx([6.25, -6.25])
     compute = {t["trial"]: t["phases"]["compute"] for t in out["trials"]}  # each run's phases, scaled alike
     assert compute["canzona-a"]["measured_ms"] == pytest.approx(1.25 * compute["canzona-a"]["predicted_ms"])
+    assert compute["canzona-a"]["slowest_bias_ms"] == pytest.approx(-0.25 * compute["canzona-a"]["predicted_ms"])
     assert main(["across", str(one), str(two)]) == 0
     text = capsys.readouterr().out
     assert "2 sweeps, 2 trials in all of them" in text and "canzona-a" in text
