@@ -455,5 +455,14 @@ def predicted_section(sweep: Sweep, measured_ids: set[str], hardware: Any) -> di
     out.update(result=res, hardware=res["hardware"], by_method=res["by_method"], overall=res["overall"],
                per_trial=res["per_trial"],
                rows=sorted(rows, key=lambda r: (r["method"], r["trial"])), left_out=left_out,
-               min_measured_ms=MIN_MEASURED_MS)
+               min_measured_ms=MIN_MEASURED_MS, phase_columns=_phase_columns(res["per_trial"]["trials"]))
     return out
+
+
+def _phase_columns(trials: list[dict[str, Any]], least_ms: float = 0.05) -> list[str]:
+    """The phases (in the timer's order) that any trial predicts or measures, as the mean over
+    its ranks, at ``least_ms`` or more: the columns of the per-phase table."""
+    def shows(ph: str) -> bool:
+        return any(max((t.get("phases") or {}).get(ph, {}).get(k) or 0.0 for k in ("predicted_mean", "measured_mean"))
+                   >= least_ms for t in trials)
+    return [ph for ph in PHASES if shows(ph)]

@@ -284,6 +284,14 @@ def _keep_hardware(hardware: Any, dest: Path) -> None:
     atomic_write_text(dest, text)
 
 
+def _same_file(path: Path, hardware: Any) -> bool:
+    """Whether ``hardware`` (a name, path or mapping) is the file at ``path``."""
+    if not isinstance(hardware, (str, Path)) or not path.is_file():
+        return False
+    given = Path(hardware).expanduser()
+    return given.is_file() and given.resolve() == path.resolve()
+
+
 def build_report(sweep_dir: str | Path, out: str | Path | None = None, hardware: Any = "auto") -> Path:
     """Build the report of `sweep_dir` into `out` (default ``<sweep_dir>/report``); return the
     path of index.html. Raises `ConfigError` if the folder is missing or has no trials.
@@ -295,8 +303,11 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, hardware:
     sweep = load_sweep(sweep_dir)
     out_dir = Path(out) if out is not None else sweep.path / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
+    predicted_with = projection.resolve_hardware(hardware)
     for stale in ("speedups.csv", "latencies.csv", "phases.csv", "rank_loads.csv", "projected.csv", "predicted.csv",
                   "peers.csv", "hardware.yaml"):
+        if stale == "hardware.yaml" and _same_file(out_dir / stale, predicted_with):
+            continue  # the kept copy, given back to predict with again: an input, not a stale output
         (out_dir / stale).unlink(missing_ok=True)  # a rebuild leaves no table of another content
 
     proj_ids = {t.trial_id for t in sweep.trials if projection.is_projected(t)}
@@ -312,7 +323,6 @@ def build_report(sweep_dir: str | Path, out: str | Path | None = None, hardware:
         proj.pop("table").to_csv(out_dir / "projected.csv", index=False)
     pred = None
     if meas_ids:
-        predicted_with = projection.resolve_hardware(hardware)
         pred = projection.predicted_section(measured, meas_ids, predicted_with)
         if pred.get("result"):
             from canzona.sim.validate import to_frame

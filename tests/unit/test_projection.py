@@ -436,6 +436,19 @@ def test_predicted_vs_measured_numbers_are_compare_sweeps(mixed, tmp_path: Path)
     assert "projected" in page.ids and "p0-projected" not in page.ids["headline"]["text"]
     assert page.having("data-pv-trial", **{"data-pv-trial": "m0a-canzona"})
     assert (index.parent / "predicted.csv").is_file()
+    # each trial's phases, the mean over its ranks, as compare_sweep's per-trial rows have them
+    phase_cells = page.having("data-pv-phase")
+    per_trial = {t["trial"]: t["phases"] for t in want["per_trial"]["trials"]}
+    assert {c["data-pv-phase"].split("/")[0] for c in phase_cells} == set(per_trial)
+    for c in phase_cells:
+        trial, phase = c["data-pv-phase"].split("/")
+        assert float(c["data-predicted"]) == pytest.approx(per_trial[trial][phase]["predicted_mean"], rel=1e-12)
+        assert float(c["data-measured"]) == pytest.approx(per_trial[trial][phase]["measured_mean"], rel=1e-12)
+    assert any(c["data-pv-phase"].endswith("/compute") for c in phase_cells)
+    # rebuilt with the copy it kept: predicted again, the copy kept (an input, not a stale output)
+    again = Page(build_report(root, out=tmp_path / "rep", hardware=kept).read_text())
+    assert "predicted-errors" in again.ids and "predicted-error" not in again.ids
+    assert yaml.safe_load(kept.read_text()) == hw
 
 
 def test_the_report_shows_the_sweep_speed_figures(tmp_path: Path) -> None:
