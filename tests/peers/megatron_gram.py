@@ -59,7 +59,7 @@ def _rank(rank: int, job: dict, port: int) -> None:
     # The result is written and the group destroyed: leave without the interpreter's teardown.
     # Once in four CI runs (2026-12-07) a rank of this job died with SIGABRT ("terminate called
     # without an active exception", typically a C++ thread still joinable when a process ends);
-    # a mitigation, not a proven cure: it did not come back in 14 runs of this file since.
+    # a mitigation, not a proven cure: it did not come back in 14 runs of its tests since.
     os._exit(0)
 
 
