@@ -198,7 +198,8 @@ class SelfAttention(nn.Module):
             self.q_layernorm = make_norm(mcfg, hd, dtype)
             self.k_layernorm = make_norm(mcfg, hd, dtype)
         self.qk_norm = mcfg.qk_norm
-        self.rotary = rotary if mcfg.position == "rope" else None
+        # the model's shared table (`Decoder`), or one of its own when built alone
+        self.rotary = (rotary or RotaryTable(mcfg.rope_theta, hd)) if mcfg.position == "rope" else None
         if sp_group is not None:
             sp.install(self.linear_qkv, "column", sp_group)
             sp.install(self.linear_proj, "row", sp_group)
